@@ -1,0 +1,1 @@
+"""Client-side Flower NumPyClients, one file per method, on :mod:`clients.base`."""

@@ -1,0 +1,157 @@
+"""Shared client side of every fedpers method: a Flower ``NumPyClient`` that
+
+* finds its data by the SuperNode's ``partition-id`` (node config) and keeps it on the device,
+* loads what the server broadcasts (``download_part``) after checking shapes and finiteness,
+* keeps the method's persistent part (``persistent_part``, e.g. the private head) in ``context.state``
+  across rounds, so it survives rounds in which the client is not sampled,
+* trains with a method-specific mini-batch loss and uploads only ``upload_part``,
+* evaluates its personalized model on its own test split.
+
+Methods override :meth:`batch_loss`, :meth:`on_download` and :meth:`evaluate_personalized`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from flwr.app import ArrayRecord, Context
+from flwr.client import NumPyClient
+
+from fedpers.config import Config
+from fedpers.errors import ClientUpdateError
+from fedpers.federation import get_federation
+from fedpers.models import Part, build_model, get_arrays, set_arrays
+from fedpers.training import evaluate, resolve_device, seed_everything, sgd, train_epochs
+
+STATE_PREFIX = "fedpers."
+
+
+def partition_id_of(context: Context, num_clients: int) -> int:
+    """The client's partition id from the SuperNode's node config, checked against ``num_clients``."""
+    node_config = context.node_config
+    if "partition-id" not in node_config:
+        raise ClientUpdateError(
+            "node config has no 'partition-id': start the SuperNode with "
+            "--node-config \"partition-id=N num-partitions=K\""
+        )
+    pid = int(node_config["partition-id"])
+    total = int(node_config.get("num-partitions", num_clients))
+    if total != num_clients:
+        raise ClientUpdateError(f"node config num-partitions={total} but the run has num_clients={num_clients}")
+    if not 0 <= pid < num_clients:
+        raise ClientUpdateError(f"partition-id {pid} outside 0..{num_clients - 1}")
+    return pid
+
+
+def arrays_digest(arrays: Sequence[np.ndarray]) -> str:
+    """Short content hash of a list of arrays (to check that persistent state is what was trained)."""
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()[:16]
+
+
+class FedPersClient(NumPyClient):
+    """Base client: see module docstring."""
+
+    download_part: Part = "all"
+    upload_part: Part = "all"
+    persistent_part: Part | None = None
+
+    def __init__(self, cfg: Config, context: Context):
+        self.cfg = cfg
+        self.context = context
+        self.device = resolve_device(cfg.device)
+        federation = get_federation(cfg)
+        self.partition_id = partition_id_of(context, federation.num_clients)
+        self.data = federation.client(self.partition_id, self.device)
+        self.model = build_model(federation.input_shape, federation.num_classes, feature_dim=cfg.feature_dim,
+                                 dropout=cfg.dropout, seed=cfg.seed).to(self.device)
+        # The persistent part's initial value (phi_k^0): the seeded init, identical on every client.
+        self._initial_personal = get_arrays(self.model, self.persistent_part) if self.persistent_part else None
+
+    # --- persistent per-client state ----------------------------------------------------------
+    def load_state(self, name: str) -> list[np.ndarray] | None:
+        """Arrays saved under ``name`` in this client's state, or None if never saved."""
+        record = self.context.state.get(STATE_PREFIX + name)
+        return None if record is None else record.to_numpy_ndarrays()
+
+    def save_state(self, name: str, arrays: Sequence[np.ndarray]) -> None:
+        """Save ``arrays`` under ``name`` in this client's state (kept across rounds)."""
+        self.context.state[STATE_PREFIX + name] = ArrayRecord(numpy_ndarrays=[np.asarray(a) for a in arrays])
+
+    def personal_arrays(self) -> list[np.ndarray] | None:
+        """The persistent part as last saved (or its initial value); None for methods without one."""
+        if not self.persistent_part:
+            return None
+        stored = self.load_state("personal")
+        return stored if stored is not None else self._initial_personal
+
+    # --- round mechanics --------------------------------------------------------------------------
+    def prepare(self, parameters: list[np.ndarray]) -> None:
+        """Load the broadcast, let the method snapshot it, then restore the persistent part."""
+        set_arrays(self.model, parameters, self.download_part,
+                   source=f"client {self.partition_id}: server broadcast")
+        self.on_download()
+        personal = self.personal_arrays()
+        if personal is not None:
+            set_arrays(self.model, personal, self.persistent_part, source=f"client {self.partition_id}: saved state")
+
+    def on_download(self) -> None:
+        """Hook called with the broadcast loaded and before the persistent part is restored."""
+
+    def batch_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Local objective on one mini-batch (default: cross-entropy, as FedAvg)."""
+        return F.cross_entropy(self.model(x), y)
+
+    def train(self, generator: torch.Generator) -> float:
+        """Local training for ``local_epochs`` epochs of SGD on :meth:`batch_loss`; returns the mean loss."""
+        opt = sgd(self.model.parameters(), self.cfg.lr, self.cfg.momentum, self.cfg.weight_decay)
+        train = self.data.train
+        return train_epochs(self.model, train.x, train.y, epochs=self.cfg.local_epochs,
+                            batch_size=self.cfg.batch_size, optimizer=opt, batch_loss=self.batch_loss,
+                            generator=generator)
+
+    def evaluate_personalized(self, generator: torch.Generator) -> tuple[float, float, dict[str, float]]:
+        """(accuracy, loss, extra ``acc_*`` metrics) of the personalized model on the client's test split."""
+        acc, loss = evaluate(self.model, self.data.test.x, self.data.test.y)
+        return acc, loss, {}
+
+    # --- Flower NumPyClient interface ---------------------------------------------------------
+    def get_properties(self, config: dict[str, Any]) -> dict[str, Any]:
+        """Tell the server which partition this node holds."""
+        return {"partition_id": self.partition_id}
+
+    def get_parameters(self, config: dict[str, Any]) -> list[np.ndarray]:
+        """The upload part of the current model."""
+        return get_arrays(self.model, self.upload_part)
+
+    def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
+        """One round of local training; returns only ``upload_part``, keeps ``persistent_part``."""
+        server_round = int(config.get("server_round", 0))
+        generator = seed_everything(self.cfg.seed, server_round, self.partition_id, 1)
+        self.prepare(parameters)
+        loss = self.train(generator)
+        metrics: dict[str, Any] = {"train_loss": float(loss), "partition_id": self.partition_id}
+        if self.persistent_part:
+            personal = get_arrays(self.model, self.persistent_part)
+            self.save_state("personal", personal)
+            metrics["state_digest"] = arrays_digest(personal)
+        return get_arrays(self.model, self.upload_part), len(self.data.train), metrics
+
+    def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
+        """Accuracy of this client's personalized model on its own test split."""
+        server_round = int(config.get("server_round", 0))
+        generator = seed_everything(self.cfg.seed, server_round, self.partition_id, 2)
+        self.prepare(parameters)
+        metrics: dict[str, Any] = {"partition_id": self.partition_id}
+        if self.persistent_part and self.load_state("personal") is not None:
+            # digest of the persistent part as restored into the model that is evaluated
+            metrics["state_digest"] = arrays_digest(get_arrays(self.model, self.persistent_part))
+        acc, loss, extra = self.evaluate_personalized(generator)
+        metrics.update(acc=float(acc), **extra)
+        return float(loss), len(self.data.test), metrics

@@ -1,0 +1,297 @@
+"""The one config schema of fedpers: YAML files, ``--set key=value`` overrides and Flower run-config.
+
+Every hyperparameter is a flat key with a type, a default, a range and a help text. The same names are
+used in YAML, on the CLI (``fedpers run CFG --set alpha=0.5``) and in ``flwr run . --run-config``.
+Defaults follow the pFedKDH paper's Table 1 (MNIST column) where the paper gives a value; values the
+paper leaves out are marked "ours" in the help text and in the README.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import yaml
+
+from fedpers.errors import ConfigError
+
+Value = bool | int | float | str
+
+
+@dataclass(frozen=True)
+class Key:
+    """One config key: its type, default, help text and an optional range/choice check."""
+
+    name: str
+    type: type
+    default: Value
+    help: str
+    check: Callable[[Any], str | None] | None = None
+
+
+def _positive(v: float) -> str | None:
+    return None if v > 0 else "must be > 0"
+
+
+def _non_negative(v: float) -> str | None:
+    return None if v >= 0 else "must be >= 0"
+
+
+def _at_least_one(v: int) -> str | None:
+    return None if v >= 1 else "must be >= 1"
+
+
+def _unit_interval_open_left(v: float) -> str | None:
+    return None if 0 < v <= 1 else "must be in (0, 1]"
+
+
+def _unit_interval(v: float) -> str | None:
+    return None if 0 <= v <= 1 else "must be in [0, 1]"
+
+
+def _unit_interval_open_right(v: float) -> str | None:
+    return None if 0 <= v < 1 else "must be in [0, 1)"
+
+
+def _one_of(*choices: str) -> Callable[[str], str | None]:
+    def check(v: str) -> str | None:
+        return None if v in choices else f"must be one of {', '.join(choices)}"
+
+    check.choices = choices  # type: ignore[attr-defined]
+    return check
+
+
+def _method_check(v: str) -> str | None:
+    from fedpers.registry import METHODS  # local import: the registry imports nothing heavy
+
+    if v in METHODS:
+        return None
+    close = difflib.get_close_matches(v, list(METHODS), n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"unknown method '{v}'{hint}; known: {', '.join(sorted(METHODS))}"
+
+
+KEYS: tuple[Key, ...] = (
+    # --- what to run -------------------------------------------------------------------------
+    Key("method", str, "pfedkdh", "federated method (see `fedpers methods`)", _method_check),
+    Key("dataset", str, "mnist",
+        "digits | mnist | fmnist | cifar10 | cifar100, or a path to a Keras-layout .npz file"),
+    Key("data_dir", str, "",
+        "directory holding <dataset>.npz or torchvision files; '' = ~/.cache/fedpers/data (download)"),
+    Key("partition", str, "dirichlet", "client split: dirichlet | pathological | iid",
+        _one_of("dirichlet", "pathological", "iid")),
+    Key("alpha", float, 0.05, "Dirichlet concentration of the class-wise label skew", _positive),
+    Key("classes_per_client", int, 2, "classes per client for partition=pathological", _at_least_one),
+    Key("min_samples_per_client", int, 10,
+        "a Dirichlet draw is redone until every client has this many train samples (ours)", _at_least_one),
+    Key("num_clients", int, 20, "number of clients K", _at_least_one),
+    Key("fraction_fit", float, 0.5, "participation ratio rho: share of clients sampled per round",
+        _unit_interval_open_left),
+    Key("rounds", int, 50, "communication rounds R", _at_least_one),
+    Key("local_epochs", int, 2, "local epochs E per round", _at_least_one),
+    Key("batch_size", int, 64, "mini-batch size for local training and evaluation", _at_least_one),
+    Key("lr", float, 0.015, "client SGD learning rate", _positive),
+    Key("momentum", float, 0.0, "client SGD momentum (ours: plain SGD)", _unit_interval_open_right),
+    Key("weight_decay", float, 0.0, "client SGD weight decay (ours)", _non_negative),
+    Key("seed", int, 0, "seed of partitioning, model init, client sampling and training"),
+    Key("aux_size", int, 5000, "size of the server's labelled auxiliary set Ds (0 = none)", _non_negative),
+    # --- model ---------------------------------------------------------------------------------
+    Key("dropout", float, 0.25, "dropout rate of the CNN backbone (ours)", _unit_interval_open_right),
+    Key("feature_dim", int, 512, "width of the backbone's FC projection = head input (ours, as PFLlib)",
+        _at_least_one),
+    # --- run mechanics -------------------------------------------------------------------------
+    Key("eval_every", int, 1, "evaluate all clients every this many rounds (and at the last round)",
+        _at_least_one),
+    Key("device", str, "auto", "auto (CUDA when present) | cpu | cuda", _one_of("auto", "cpu", "cuda")),
+    Key("client_cpus", float, 1.0, "CPUs per simulated client (Ray resources)", _positive),
+    Key("client_gpus", float, 0.0, "GPUs per simulated client, fractional allowed (Ray resources)",
+        _non_negative),
+    Key("out_dir", str, "results/latest", "where metrics.jsonl and summary.json are written"),
+    # --- pFedKDH (also FedProx's mu) ------------------------------------------------------------
+    Key("variant", str, "fair", "pFedKDH evaluation variant: fair | ea", _one_of("fair", "ea")),
+    Key("temperature", float, 3.0, "pFedKDH distillation temperature T (ours)", _positive),
+    Key("lambda_kd", float, 0.5, "pFedKDH distillation weight lambda_KD (ours)", _unit_interval),
+    Key("mu", float, 0.01, "proximal weight mu of pFedKDH Eq. 2 and FedProx (ours)", _non_negative),
+    Key("recal_epochs", int, 3, "pFedKDH teacher-head recalibration epochs on Ds (Eq. 5)", _non_negative),
+    Key("recal_lr", float, 0.015, "pFedKDH recalibration SGD learning rate (ours: = lr)", _positive),
+    Key("warmup_epochs", int, 0, "pFedKDH global warm-up epochs E_w on Ds (Eq. 3)", _non_negative),
+    Key("ea_steps", int, 10, "pFedKDH-EA head-only SGD steps at evaluation (ours)", _non_negative),
+    Key("ea_lr", float, 0.015, "pFedKDH-EA head-adaptation learning rate (ours: = lr)", _positive),
+)
+
+KEYS_BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}
+
+
+def _suggest(name: str) -> str:
+    close = difflib.get_close_matches(name, list(KEYS_BY_NAME), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def coerce_value(key: Key, value: Any) -> Value:
+    """Return ``value`` converted to ``key.type``, or raise ConfigError naming the key."""
+    t = key.type
+    if t is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+    elif t is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+    elif t is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(float(value)):
+                raise ConfigError(f"config key '{key.name}': must be a finite number, got {value!r}")
+            return float(value)
+        if isinstance(value, str):
+            try:
+                out = float(value)
+            except ValueError:
+                pass
+            else:
+                if math.isfinite(out):
+                    return out
+    elif t is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+    raise ConfigError(
+        f"config key '{key.name}': expected {t.__name__}, got {type(value).__name__} {value!r}"
+    )
+
+
+class Config(Mapping[str, Value]):
+    """A validated, immutable set of all config keys; read values as attributes (``cfg.alpha``)."""
+
+    def __init__(self, values: Mapping[str, Value]):
+        self._values = dict(values)
+
+    def __getattr__(self, name: str) -> Value:
+        try:
+            return self.__dict__["_values"][name]
+        except KeyError:
+            raise AttributeError(f"no config key '{name}'{_suggest(name)}") from None
+
+    def __getitem__(self, name: str) -> Value:
+        return self._values[name]
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"Config({self._values!r})"
+
+    def replace(self, **changes: Any) -> "Config":
+        """Return a new validated Config with ``changes`` applied."""
+        return build_config(changes, base=self._values)
+
+    def to_dict(self) -> dict[str, Value]:
+        """Plain dict of every key (JSON/TOML/Flower run-config compatible)."""
+        return dict(self._values)
+
+
+def defaults() -> dict[str, Value]:
+    """Every key with its schema default."""
+    return {k.name: k.default for k in KEYS}
+
+
+def build_config(overrides: Mapping[str, Any], base: Mapping[str, Value] | None = None) -> Config:
+    """Apply ``overrides`` on ``base`` (default: schema defaults), validate every key, return a Config.
+
+    Raises ConfigError with one line naming the offending key for an unknown key (with the closest
+    valid name), a wrong type or a value out of range.
+    """
+    values = dict(defaults() if base is None else base)
+    for name, raw in overrides.items():
+        key = KEYS_BY_NAME.get(name)
+        if key is None:
+            raise ConfigError(f"unknown config key '{name}'{_suggest(name)}")
+        values[name] = coerce_value(key, raw)
+    for key in KEYS:
+        if key.check is not None:
+            problem = key.check(values[key.name])
+            if problem:
+                if problem.startswith("unknown"):
+                    raise ConfigError(f"config key '{key.name}': {problem}")
+                raise ConfigError(f"config key '{key.name}': {problem}, got {values[key.name]!r}")
+    _check_combinations(values)
+    return Config(values)
+
+
+def _check_combinations(values: Mapping[str, Value]) -> None:
+    """Checks that involve more than one key."""
+    from fedpers.registry import METHODS
+
+    spec = METHODS[str(values["method"])]
+    if spec.needs_aux and values["aux_size"] == 0:
+        raise ConfigError(
+            f"config key 'aux_size': method '{spec.name}' needs the server's auxiliary set Ds; set aux_size > 0"
+        )
+
+
+def parse_set_arguments(items: list[str]) -> dict[str, Any]:
+    """Parse CLI ``key=value`` strings; values are read as YAML scalars (``0.5``, ``true``, ``'x'``)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"--set expects key=value, got '{item}'")
+        name, raw = item.split("=", 1)
+        name = name.strip()
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        if value is None:
+            value = ""
+        if isinstance(value, (list, dict)):
+            raise ConfigError(f"config key '{name}': expected a scalar, got {raw!r}")
+        out[name] = value
+    return out
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a flat YAML mapping of config keys; a missing or malformed file is a ConfigError."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ConfigError(f"config file {p} is not valid YAML{where}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {p} must be a mapping of key: value, got {type(data).__name__}")
+    for name, value in data.items():
+        if isinstance(value, (list, dict)):
+            raise ConfigError(f"config key '{name}' in {p}: expected a scalar, got {type(value).__name__}")
+    return data
+
+
+def load_config(path: str | Path | None = None, sets: list[str] | None = None, **extra: Any) -> Config:
+    """Schema defaults, then the YAML file, then ``--set`` overrides, then ``extra``; validated."""
+    overrides: dict[str, Any] = {}
+    if path is not None:
+        overrides.update(load_yaml(path))
+    overrides.update(parse_set_arguments(sets or []))
+    overrides.update(extra)
+    return build_config(overrides)
+
+
+def from_run_config(run_config: Mapping[str, Any]) -> Config:
+    """Build a Config from a Flower run-config (keys not in the schema are an error)."""
+    return build_config(dict(run_config))

@@ -1,0 +1,175 @@
+"""Datasets: scikit-learn digits (embedded), torchvision datasets, and any Keras-layout ``.npz`` file.
+
+Every loader returns a :class:`Dataset` with float32 images in NCHW layout, standardised per channel
+with the training split's mean and std, and int64 labels in ``[0, num_classes)``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fedpers.errors import DataError
+
+NAMED_DATASETS = ("digits", "mnist", "fmnist", "cifar10", "cifar100")
+_NPZ_NAMES = {  # file names looked for in data_dir, first match wins
+    "mnist": ("mnist.npz",),
+    "fmnist": ("fmnist.npz", "fashion_mnist.npz", "fashion-mnist.npz"),
+    "cifar10": ("cifar10.npz", "cifar-10.npz"),
+    "cifar100": ("cifar100.npz", "cifar-100.npz"),
+}
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Train/test arrays of one dataset, ready for a model (NCHW float32, int64 labels)."""
+
+    name: str
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    num_classes: int
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """(channels, height, width) of one image."""
+        return tuple(self.x_train.shape[1:])  # type: ignore[return-value]
+
+
+def default_data_dir() -> Path:
+    """Where torchvision downloads go when ``data_dir`` is empty."""
+    return Path(os.environ.get("FEDPERS_DATA_DIR", Path.home() / ".cache" / "fedpers" / "data"))
+
+
+def _to_nchw(x: np.ndarray, what: str) -> np.ndarray:
+    if x.ndim == 3:  # N, H, W (grayscale)
+        return x[:, None, :, :]
+    if x.ndim == 4 and x.shape[-1] in (1, 3):  # N, H, W, C (Keras layout)
+        return np.transpose(x, (0, 3, 1, 2))
+    if x.ndim == 4 and x.shape[1] in (1, 3):  # already N, C, H, W
+        return x
+    raise DataError(f"{what}: images must have shape (N,H,W) or (N,H,W,C) with C in 1 or 3, got {x.shape}")
+
+
+def _standardise(x_train: np.ndarray, x_test: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
+    xtr = x_train.astype(np.float32) / scale
+    xte = x_test.astype(np.float32) / scale
+    mean = xtr.mean(axis=(0, 2, 3), keepdims=True)
+    std = xtr.std(axis=(0, 2, 3), keepdims=True) + 1e-6
+    return np.ascontiguousarray((xtr - mean) / std), np.ascontiguousarray((xte - mean) / std)
+
+
+def from_arrays(name: str, x_train, y_train, x_test, y_test, num_classes: int | None = None) -> Dataset:
+    """Validate raw arrays (any image layout) and return a standardised :class:`Dataset`."""
+    x_train = _to_nchw(np.asarray(x_train), f"{name} x_train")
+    x_test = _to_nchw(np.asarray(x_test), f"{name} x_test")
+    if x_train.shape[1:] != x_test.shape[1:]:
+        raise DataError(f"{name}: train images {x_train.shape[1:]} and test images {x_test.shape[1:]} differ")
+    y_train = np.asarray(y_train).reshape(-1)
+    y_test = np.asarray(y_test).reshape(-1)
+    if len(y_train) != len(x_train) or len(y_test) != len(x_test):
+        raise DataError(
+            f"{name}: {len(x_train)} train images but {len(y_train)} labels, "
+            f"{len(x_test)} test images but {len(y_test)} labels"
+        )
+    if len(y_train) == 0 or len(y_test) == 0:
+        raise DataError(f"{name}: train and test splits must both be non-empty")
+    for split, y in (("y_train", y_train), ("y_test", y_test)):
+        if not np.issubdtype(y.dtype, np.integer):
+            if np.issubdtype(y.dtype, np.floating) and np.all(np.mod(y, 1) == 0):
+                continue
+            raise DataError(f"{name}: {split} must hold integer class labels, got dtype {y.dtype}")
+    y_train = y_train.astype(np.int64)
+    y_test = y_test.astype(np.int64)
+    inferred = int(max(y_train.max(), y_test.max())) + 1
+    num_classes = inferred if num_classes is None else int(num_classes)
+    for split, y in (("y_train", y_train), ("y_test", y_test)):
+        if y.min() < 0 or y.max() >= num_classes:
+            raise DataError(f"{name}: {split} has labels outside [0, {num_classes})")
+    scale = 255.0 if x_train.dtype == np.uint8 else 1.0
+    xtr, xte = _standardise(x_train, x_test, scale)
+    if not (np.isfinite(xtr).all() and np.isfinite(xte).all()):
+        raise DataError(f"{name}: images contain NaN or Inf")
+    return Dataset(name, xtr, y_train, xte, y_test, num_classes)
+
+
+def load_npz(path: str | Path) -> Dataset:
+    """Load a Keras-layout ``.npz`` (x_train, y_train, x_test, y_test, optional class_names)."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"data file not found: {p}")
+    try:
+        with np.load(p, allow_pickle=False) as f:
+            missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in f.files]
+            if missing:
+                raise DataError(f"{p}: missing arrays {', '.join(missing)} (expected Keras layout)")
+            arrays = {k: f[k] for k in ("x_train", "y_train", "x_test", "y_test")}
+            num_classes = len(f["class_names"]) if "class_names" in f.files else None
+    except DataError:
+        raise
+    except Exception as exc:  # zip/pickle/format errors of a corrupt file
+        raise DataError(f"{p}: not a readable .npz file ({type(exc).__name__})") from None
+    return from_arrays(p.stem, num_classes=num_classes, **arrays)
+
+
+def load_digits_dataset() -> Dataset:
+    """scikit-learn's 8x8 digits, split 80/20 (stratified, fixed random_state=0)."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = load_digits()
+    x = (bunch.images / 16.0 * 255.0).astype(np.uint8)
+    x_tr, x_te, y_tr, y_te = train_test_split(
+        x, bunch.target, test_size=0.2, stratify=bunch.target, random_state=0
+    )
+    return from_arrays("digits", x_tr, y_tr, x_te, y_te, num_classes=10)
+
+
+def _load_torchvision(name: str, root: Path) -> Dataset:
+    import torchvision.datasets as tvd
+
+    cls = {"mnist": tvd.MNIST, "fmnist": tvd.FashionMNIST, "cifar10": tvd.CIFAR10,
+           "cifar100": tvd.CIFAR100}[name]
+    try:
+        train = cls(str(root), train=True, download=True)
+        test = cls(str(root), train=False, download=True)
+    except Exception as exc:
+        raise DataError(
+            f"could not load {name} with torchvision into {root} ({type(exc).__name__}: {exc}); "
+            f"offline, set data_dir to a folder holding {_NPZ_NAMES[name][0]}"
+        ) from None
+
+    def arrays(ds):
+        x = ds.data.numpy() if hasattr(ds.data, "numpy") else np.asarray(ds.data)
+        return x, np.asarray(ds.targets)
+
+    (xtr, ytr), (xte, yte) = arrays(train), arrays(test)
+    return from_arrays(name, xtr, ytr, xte, yte, num_classes=len(train.classes))
+
+
+@functools.lru_cache(maxsize=4)
+def load_dataset(dataset: str, data_dir: str = "") -> Dataset:
+    """Load ``dataset`` by name or ``.npz`` path; named sets are read from ``data_dir`` when there.
+
+    Cached per process, so every Ray actor reads its data once per run, not once per round.
+    """
+    if dataset.endswith(".npz") or os.sep in dataset:
+        return load_npz(dataset)
+    if dataset == "digits":
+        return load_digits_dataset()
+    if dataset not in _NPZ_NAMES:
+        raise DataError(
+            f"unknown dataset '{dataset}': use one of {', '.join(NAMED_DATASETS)} or a path to a .npz file"
+        )
+    root = Path(data_dir) if data_dir else default_data_dir()
+    if data_dir and not root.is_dir():
+        raise DataError(f"data_dir not found: {root}")
+    for fname in _NPZ_NAMES[dataset]:
+        if (root / fname).is_file():
+            return load_npz(root / fname)
+    return _load_torchvision(dataset, root)

@@ -1,0 +1,111 @@
+"""A run's data as every participant sees it: dataset + client split, loaded once per process.
+
+Server and clients call :func:`get_federation` with the run's config; the dataset is read and split once
+per process (cached), and each client's tensors are moved to the device once and reused every round.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from fedpers.config import Config
+from fedpers.data import Dataset, load_dataset
+from fedpers.partition import Partition, make_partition
+
+# Config keys that determine the data and the split (nothing else may change them).
+DATA_KEYS = ("dataset", "data_dir", "partition", "alpha", "classes_per_client", "min_samples_per_client",
+             "num_clients", "aux_size", "seed")
+
+
+@dataclass(frozen=True)
+class Split:
+    """Images and labels of one split, as tensors on one device."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+@dataclass(frozen=True)
+class ClientData:
+    """One client's train and test splits."""
+
+    train: Split
+    test: Split
+
+
+class Federation:
+    """Dataset plus partition, with per-device tensor caches."""
+
+    def __init__(self, dataset: Dataset, partition: Partition):
+        self.dataset = dataset
+        self.partition = partition
+        self._on_device: dict[str, tuple[torch.Tensor, ...]] = {}
+        self._clients: dict[tuple[int, str], ClientData] = {}
+
+    @property
+    def num_clients(self) -> int:
+        """K."""
+        return self.partition.num_clients
+
+    @property
+    def num_classes(self) -> int:
+        """C."""
+        return self.dataset.num_classes
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """(C, H, W) of one image."""
+        return self.dataset.input_shape
+
+    def _tensors(self, device: torch.device) -> tuple[torch.Tensor, ...]:
+        key = str(device)
+        if key not in self._on_device:
+            d = self.dataset
+            self._on_device[key] = tuple(
+                torch.as_tensor(a).to(device) for a in (d.x_train, d.y_train, d.x_test, d.y_test)
+            )
+        return self._on_device[key]
+
+    def client(self, partition_id: int, device: torch.device) -> ClientData:
+        """Client ``partition_id``'s train/test tensors on ``device`` (built once, then reused)."""
+        key = (partition_id, str(device))
+        if key not in self._clients:
+            xtr, ytr, xte, yte = self._tensors(device)
+            tr = torch.as_tensor(self.partition.train[partition_id], device=device)
+            te = torch.as_tensor(self.partition.test[partition_id], device=device)
+            self._clients[key] = ClientData(Split(xtr[tr], ytr[tr]), Split(xte[te], yte[te]))
+        return self._clients[key]
+
+    def aux(self, device: torch.device) -> Split:
+        """The server's labelled auxiliary set Ds."""
+        xtr, ytr, _, _ = self._tensors(device)
+        idx = torch.as_tensor(self.partition.aux, device=device)
+        return Split(xtr[idx], ytr[idx])
+
+    def test(self, device: torch.device) -> Split:
+        """The whole test split (global accuracy of a shared model)."""
+        _, _, xte, yte = self._tensors(device)
+        return Split(xte, yte)
+
+
+@functools.lru_cache(maxsize=4)
+def _federation(dataset: str, data_dir: str, partition: str, alpha: float, classes_per_client: int,
+                min_samples_per_client: int, num_clients: int, aux_size: int, seed: int) -> Federation:
+    data = load_dataset(dataset, data_dir)
+    split = make_partition(
+        data.y_train, data.y_test, num_clients=num_clients, scheme=partition, alpha=alpha,
+        classes_per_client=classes_per_client, aux_size=aux_size, seed=seed,
+        min_samples_per_client=min_samples_per_client, num_classes=data.num_classes,
+    )
+    return Federation(data, split)
+
+
+def get_federation(cfg: Config) -> Federation:
+    """The run's Federation, loaded and split once per process."""
+    return _federation(*(cfg[k] for k in DATA_KEYS))

@@ -1,0 +1,56 @@
+"""The one registry of methods: name -> server Strategy class, client NumPyClient class, headline metric.
+
+Classes are named by import path so that reading the registry (e.g. to validate a config) imports
+neither Flower nor torch. A new method is one entry here plus one file in ``strategies/`` and one in
+``clients/``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """How a method is built and judged."""
+
+    name: str
+    strategy: str  # "module:Class" of the server Strategy
+    client: str  # "module:Class" of the NumPyClient
+    metric: str  # headline metric: "global_acc" (shared model) or "personalized_macro_acc"
+    needs_aux: bool = False  # uses the server's labelled auxiliary set Ds
+    paper: str = ""
+
+    def strategy_class(self) -> type:
+        """Import and return the Strategy class."""
+        return _import(self.strategy)
+
+    def client_class(self) -> type:
+        """Import and return the NumPyClient class."""
+        return _import(self.client)
+
+
+def _import(path: str) -> type:
+    module, attr = path.split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+METHODS: dict[str, MethodSpec] = {
+    spec.name: spec
+    for spec in (
+        MethodSpec("fedavg", "strategies.fedavg:FedAvgStrategy", "clients.fedavg:FedAvgClient",
+                   "global_acc", paper="McMahan et al., AISTATS 2017"),
+        MethodSpec("fedprox", "strategies.fedprox:FedProxStrategy", "clients.fedprox:FedProxClient",
+                   "global_acc", paper="Li et al., MLSys 2020"),
+        MethodSpec("fedper", "strategies.fedper:FedPerStrategy", "clients.fedper:FedPerClient",
+                   "personalized_macro_acc", paper="Arivazhagan et al., arXiv:1912.00818"),
+        MethodSpec("pfedkdh", "strategies.pfedkdh:PFedKDHStrategy", "clients.pfedkdh:PFedKDHClient",
+                   "personalized_macro_acc", needs_aux=True, paper="Souza Neto et al., MLSP 2026"),
+    )
+}
+
+
+def get_method(name: str) -> MethodSpec:
+    """Return the MethodSpec of ``name`` (the config schema has already checked the name)."""
+    return METHODS[name]

@@ -1,0 +1,74 @@
+"""Run one experiment in Flower's Ray simulation engine, in this process.
+
+``flwr run .`` starts a managed local SuperLink that outlives the command; a research CLI wants one
+process that starts, runs and stops everything. This module drives the same engine that
+``flwr-simulation`` uses (``flwr.simulation.run_simulation._run_simulation``, pinned flwr 1.42) with the
+project's own ``server_app``/``client_app`` and one SuperNode per client. The run-config reaches the
+simulated SuperNodes through a generated app directory whose ``pyproject.toml`` holds the resolved config.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+import tomli_w
+
+from fedpers.config import Config
+
+CLIENT_APP_ATTR = "fedpers.app:client_app"
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+
+
+def backend_config(cfg: Config) -> dict:
+    """Ray backend settings: per-client CPU/GPU resources (fractional GPUs allowed)."""
+    return {
+        "client_resources": {"num_cpus": cfg.client_cpus, "num_gpus": cfg.client_gpus},
+        "init_args": {"logging_level": "ERROR", "log_to_driver": True},
+    }
+
+
+def write_app_dir(cfg: Config, directory: Path) -> Path:
+    """A minimal Flower app directory whose run-config is ``cfg`` (read by every simulated SuperNode)."""
+    project = {
+        "project": {"name": "fedpers-run", "version": "0.1.0"},
+        "tool": {"flwr": {"app": {
+            "publisher": "fedpers",
+            "components": {"serverapp": "fedpers.app:server_app", "clientapp": CLIENT_APP_ATTR},
+            "config": cfg.to_dict(),
+        }}},
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "pyproject.toml").write_text(tomli_w.dumps(project))
+    return directory
+
+
+def run_simulation(cfg: Config, verbose: bool = False) -> None:
+    """Run ``cfg`` with ``num_clients`` simulated SuperNodes; results land in ``cfg.out_dir``."""
+    from flwr.app import Context, RecordDict
+    from flwr.supercore.telemetry import EventType
+    from flwr.simulation.run_simulation import _run_simulation
+
+    from fedpers.app import server_app
+
+    if not verbose:
+        logging.getLogger("flwr").setLevel(logging.WARNING)
+    with tempfile.TemporaryDirectory(prefix="fedpers-app-") as tmp:
+        app_dir = write_app_dir(cfg, Path(tmp))
+        context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config=cfg.to_dict())
+        _run_simulation(
+            num_supernodes=cfg.num_clients,
+            exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
+            client_app_attr=CLIENT_APP_ATTR,
+            server_app=server_app,
+            backend_name="ray",
+            backend_config=backend_config(cfg),
+            server_app_context=context,
+            app_dir=str(app_dir),
+            verbose_logging=verbose,
+            is_app=True,  # makes the engine read the run-config from app_dir for every SuperNode
+        )

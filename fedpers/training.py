@@ -1,0 +1,150 @@
+"""Training and evaluation loops over in-memory tensors (no DataLoader: the data already sits on the
+device, so batches are index slices of one tensor)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+BatchLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+EVAL_BATCH = 1024
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> CUDA when present, else CPU; ``cuda`` without a GPU is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        from fedpers.errors import ConfigError
+
+        raise ConfigError("config key 'device': cuda requested but no CUDA device is available")
+    return torch.device(name)
+
+
+def seed_everything(*parts: int) -> torch.Generator:
+    """Seed torch's global RNG (dropout) from ``parts`` and return a CPU generator for shuffling."""
+    seed = int(np.random.SeedSequence([abs(int(p)) for p in parts]).generate_state(1)[0])
+    torch.manual_seed(seed)
+    gen = torch.Generator()
+    gen.manual_seed(seed)
+    return gen
+
+
+def sgd(params, lr: float, momentum: float = 0.0, weight_decay: float = 0.0) -> torch.optim.SGD:
+    """The clients' optimizer: SGD with the config's lr, momentum and weight decay."""
+    return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+
+
+def minibatches(n: int, batch_size: int, generator: torch.Generator, device: torch.device) -> Iterator[torch.Tensor]:
+    """Shuffled index batches covering ``range(n)`` once (the last batch may be smaller)."""
+    order = torch.randperm(n, generator=generator).to(device)
+    for start in range(0, n, batch_size):
+        yield order[start:start + batch_size]
+
+
+def train_epochs(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int,
+                 optimizer: torch.optim.Optimizer, batch_loss: BatchLoss, generator: torch.Generator) -> float:
+    """Run ``epochs`` passes of mini-batch SGD minimising ``batch_loss(xb, yb)``; return the mean loss."""
+    model.train()
+    total, count = 0.0, 0
+    for _ in range(epochs):
+        for idx in minibatches(len(x), batch_size, generator, x.device):
+            optimizer.zero_grad(set_to_none=True)
+            loss = batch_loss(x[idx], y[idx])
+            loss.backward()
+            optimizer.step()
+            total += float(loss.detach()) * len(idx)
+            count += len(idx)
+    return total / max(count, 1)
+
+
+@torch.no_grad()
+def predict_logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Logits of ``model`` in eval mode, in batches."""
+    model.eval()
+    return torch.cat([model(x[i:i + EVAL_BATCH]) for i in range(0, max(len(x), 1), EVAL_BATCH)])
+
+
+@torch.no_grad()
+def backbone_features(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Backbone outputs b_theta(x) in eval mode (the head's inputs)."""
+    model.eval()
+    return torch.cat([model.backbone(x[i:i + EVAL_BATCH]) for i in range(0, len(x), EVAL_BATCH)])
+
+
+@torch.no_grad()
+def accuracy_and_loss(logits: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """Top-1 accuracy (fraction) and mean cross-entropy of ``logits`` against ``y``."""
+    if len(y) == 0:
+        return float("nan"), float("nan")
+    acc = (logits.argmax(dim=1) == y).float().mean().item()
+    return acc, F.cross_entropy(logits, y).item()
+
+
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """(accuracy, loss) of ``model`` on (x, y)."""
+    return accuracy_and_loss(predict_logits(model, x), y)
+
+
+def train_head_on_features(head: nn.Module, features: torch.Tensor, y: torch.Tensor, *, lr: float,
+                           batch_size: int, generator: torch.Generator, epochs: int = 0,
+                           steps: int = 0) -> float:
+    """Cross-entropy SGD on the head alone, with the backbone's features precomputed (the backbone is
+    frozen, so its features are constant): ``epochs`` full passes (pFedKDH Eq. 5) or exactly ``steps``
+    mini-batch steps, cycling through the data (the EA variant). Returns the mean loss."""
+    if len(features) == 0:
+        return float("nan")
+    opt = sgd(head.parameters(), lr)
+    head.train()
+    batches_per_epoch = -(-len(features) // batch_size)
+    total_steps = steps if steps > 0 else epochs * batches_per_epoch
+    total, count, done = 0.0, 0, 0
+    while done < total_steps:
+        for idx in minibatches(len(features), batch_size, generator, features.device):
+            if done >= total_steps:
+                break
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(head(features[idx]), y[idx])
+            loss.backward()
+            opt.step()
+            total += float(loss.detach()) * len(idx)
+            count += len(idx)
+            done += 1
+    return total / max(count, 1)
+
+
+def recalibrate_head(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, lr: float,
+                     batch_size: int, generator: torch.Generator) -> float:
+    """pFedKDH Eq. (5): ``phi_g <- argmin_phi 1/|Ds| sum CE(h_phi(b_theta_g(x)), y)`` over Ds with the
+    aggregated backbone frozen, by ``epochs`` epochs of SGD on the head."""
+    if epochs <= 0 or len(x) == 0:
+        return float("nan")
+    feats = backbone_features(model, x)
+    return train_head_on_features(model.head, feats, y, lr=lr, batch_size=batch_size,
+                                  generator=generator, epochs=epochs)
+
+
+def adapt_head_copy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int, lr: float,
+                    batch_size: int, generator: torch.Generator) -> nn.Module:
+    """pFedKDH-EA: a copy of the head refined by ``steps`` head-only SGD steps on the client's *train*
+    data with the backbone frozen; the persistent head itself is left unchanged."""
+    head = copy.deepcopy(model.head)
+    if steps > 0 and len(x) > 0:
+        feats = backbone_features(model, x)
+        train_head_on_features(head, feats, y, lr=lr, batch_size=batch_size, generator=generator, steps=steps)
+    return head
+
+
+def frozen_copy(model: nn.Module) -> nn.Module:
+    """A deep copy of ``model`` in eval mode with gradients switched off (teachers)."""
+    teacher = copy.deepcopy(model)
+    teacher.eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    return teacher

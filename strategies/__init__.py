@@ -1,0 +1,1 @@
+"""Server-side Flower strategies, one file per method, on :mod:`strategies.base`."""

@@ -1,0 +1,281 @@
+"""Shared server side of every fedpers method: a Flower ``FedAvg`` strategy that
+
+* samples clients reproducibly by partition id (seeded per round),
+* validates every update (count, shapes, dtype, finiteness, sample count) and drops bad ones with a log
+  line naming the client,
+* aggregates the uploaded part by sample-weighted averaging,
+* evaluates the shared model centrally on the whole test set and every client's personalized model on
+  its own test split, every ``eval_every`` rounds and at the last round,
+* counts the bytes of the arrays actually sent each way, and writes ``metrics.jsonl``/``summary.json``.
+
+A method subclass says which part of the model is broadcast (``download_part``) and uploaded
+(``upload_part``) and may override :meth:`prepare_global_model` and :meth:`apply_aggregate`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.common import (
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    GetPropertiesIns,
+    Parameters,
+    Scalar,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.common.logger import log
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import FedAvg
+
+from fedpers.config import Config
+from fedpers.errors import FedpersError
+from fedpers.federation import Federation
+from fedpers.models import Part, array_shapes, build_model, get_arrays, set_arrays
+from fedpers.progress import format_round_line
+from fedpers.registry import get_method
+from fedpers.results import ResultsWriter
+from fedpers.training import evaluate, resolve_device
+from fedpers.validation import update_problem, weighted_average
+
+PERSONAL_ACC_PREFIX = "acc_"  # extra client metrics "acc_<name>" become "personalized_macro_acc_<name>"
+
+
+def parameters_nbytes(parameters: Parameters) -> int:
+    """Bytes of the serialized arrays in ``parameters`` (what actually travels)."""
+    return sum(len(t) for t in parameters.tensors)
+
+
+class FedPersStrategy(FedAvg):
+    """Base strategy: see module docstring."""
+
+    download_part: Part = "all"
+    upload_part: Part = "all"
+    has_global_model: bool = True
+
+    def __init__(self, cfg: Config, federation: Federation, writer: ResultsWriter | None = None):
+        k = federation.num_clients
+        super().__init__(fraction_fit=cfg.fraction_fit, fraction_evaluate=1.0, min_fit_clients=1,
+                         min_evaluate_clients=k, min_available_clients=k, accept_failures=True)
+        self.cfg = cfg
+        self.spec = get_method(cfg.method)
+        self.federation = federation
+        self.writer = writer
+        self.device = resolve_device(cfg.device)
+        self.model = build_model(federation.input_shape, federation.num_classes, feature_dim=cfg.feature_dim,
+                                 dropout=cfg.dropout, seed=cfg.seed).to(self.device)
+        self.upload_shapes = array_shapes(self.model, self.upload_part)
+        self.partition_of: dict[str, int] = {}  # Flower node id -> partition id
+        self.last_fit_digest: dict[int, str] = {}  # partition id -> digest of its state after its last fit
+        self.history: list[dict[str, Any]] = []
+        self.started = time.perf_counter()
+        self.totals = {"bytes_up": 0, "bytes_down": 0}
+        self._round: dict[str, Any] = {}
+        self.prepare_global_model()
+
+    # --- hooks for methods --------------------------------------------------------------------
+    def prepare_global_model(self) -> None:
+        """Server-side work before round 1 (e.g. pFedKDH warm-up and teacher calibration)."""
+
+    def apply_aggregate(self, server_round: int, aggregated: list[np.ndarray]) -> None:
+        """Install the aggregated upload part in the global model (methods add server-side steps)."""
+        set_arrays(self.model, aggregated, self.upload_part, source="aggregate")
+
+    def download_arrays(self) -> list[np.ndarray]:
+        """Arrays broadcast to clients."""
+        return get_arrays(self.model, self.download_part)
+
+    # --- Flower Strategy interface ----------------------------------------------------------------
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        """The initial broadcast (after :meth:`prepare_global_model`)."""
+        return ndarrays_to_parameters(self.download_arrays())
+
+    def configure_fit(self, server_round: int, parameters: Parameters,
+                      client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
+        """Sample ``round(fraction_fit * K)`` clients by partition id with a per-round seeded RNG."""
+        self._round = {"start": time.perf_counter(), "bytes_up": 0, "bytes_down": 0, "losses": [],
+                       "rejected": 0, "failures": 0, "fit_clients": []}
+        proxies = self._proxies_by_partition(client_manager, server_round)
+        k = self.federation.num_clients
+        m = max(1, int(round(self.cfg.fraction_fit * k)))
+        rng = np.random.default_rng([self.cfg.seed, server_round])
+        chosen = [int(p) for p in sorted(rng.choice(k, size=m, replace=False)) if int(p) in proxies]
+        self._round["fit_clients"] = chosen
+        ins = FitIns(parameters, {"server_round": server_round})
+        self._round["bytes_down"] += parameters_nbytes(parameters) * len(chosen)
+        return [(proxies[p], ins) for p in chosen]
+
+    def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
+                      failures: list[Any]) -> tuple[Parameters | None, dict[str, Scalar]]:
+        """Validate every update, drop the bad ones (logged), and aggregate the rest."""
+        valid: list[tuple[list[np.ndarray], int]] = []
+        for proxy, res in results:
+            self._round["bytes_up"] += parameters_nbytes(res.parameters)
+            pid = self.partition_of.get(proxy.cid, "?")
+            try:
+                arrays = parameters_to_ndarrays(res.parameters)
+            except Exception as exc:  # undecodable payload
+                arrays, problem = [], f"undecodable arrays ({type(exc).__name__})"
+            else:
+                problem = update_problem(arrays, self.upload_shapes, res.num_examples)
+            if problem:
+                self._round["rejected"] += 1
+                log(WARNING, "round %d: rejected update from client %s (node %s): %s",
+                    server_round, pid, proxy.cid, problem)
+                continue
+            valid.append((arrays, int(res.num_examples)))
+            loss = res.metrics.get("train_loss")
+            if isinstance(loss, (int, float)) and math.isfinite(loss):
+                self._round["losses"].append((float(loss), int(res.num_examples)))
+            if "state_digest" in res.metrics and isinstance(pid, int):
+                self.last_fit_digest[pid] = str(res.metrics["state_digest"])
+        for failure in failures:
+            self._round["failures"] += 1
+            log(WARNING, "round %d: a client failed during fit: %s", server_round, _describe_failure(failure))
+        if not valid:
+            raise FedpersError(
+                f"round {server_round}: no valid client update to aggregate "
+                f"({self._round['rejected']} rejected, {self._round['failures']} failed)"
+            )
+        self.apply_aggregate(server_round, weighted_average(valid))
+        return ndarrays_to_parameters(self.download_arrays()), {}
+
+    def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
+        """Global accuracy of the shared model on the whole test set (methods with a global model)."""
+        if server_round == 0 or not self.has_global_model or not self._is_eval_round(server_round):
+            self._round["global_acc"] = None
+            return None
+        test = self.federation.test(self.device)
+        acc, loss = evaluate(self.model, test.x, test.y)
+        self._round["global_acc"] = acc
+        return loss, {"global_acc": acc}
+
+    def configure_evaluate(self, server_round: int, parameters: Parameters,
+                           client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:
+        """Every client evaluates its personalized model (eval rounds only)."""
+        if not self._is_eval_round(server_round):
+            self._finish_round(server_round, None, {})
+            return []
+        proxies = self._proxies_by_partition(client_manager, server_round)
+        ins = EvaluateIns(parameters, {"server_round": server_round})
+        self._round["bytes_down"] += parameters_nbytes(parameters) * len(proxies)
+        return [(proxies[p], ins) for p in sorted(proxies)]
+
+    def aggregate_evaluate(self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]],
+                           failures: list[Any]) -> tuple[float | None, dict[str, Scalar]]:
+        """Personalized macro accuracy: the mean over clients of each client's own test accuracy."""
+        per_client: dict[int, float] = {}
+        extras: dict[str, dict[int, float]] = {}
+        consistent = True
+        losses = []
+        for _, res in results:
+            m = res.metrics
+            pid = int(m["partition_id"])
+            per_client[pid] = float(m["acc"])
+            losses.append((float(res.loss), res.num_examples))
+            for key, value in m.items():
+                if key.startswith(PERSONAL_ACC_PREFIX):
+                    extras.setdefault(key[len(PERSONAL_ACC_PREFIX):], {})[pid] = float(value)
+            if pid in self.last_fit_digest and "state_digest" in m:
+                consistent &= self.last_fit_digest[pid] == str(m["state_digest"])
+        for failure in failures:
+            self._round["failures"] += 1
+            log(WARNING, "round %d: a client failed during evaluate: %s", server_round, _describe_failure(failure))
+        record_extras: dict[str, Any] = {f"personalized_macro_acc_{name}": _mean(vals.values())
+                                         for name, vals in extras.items()}
+        record_extras["client_state_consistent"] = consistent
+        self._finish_round(server_round, per_client, record_extras)
+        total = sum(n for _, n in losses)
+        loss = sum(l * n for l, n in losses) / total if total else None
+        return loss, {"personalized_macro_acc": _mean(per_client.values())}
+
+    # --- helpers ----------------------------------------------------------------------------------
+    def _is_eval_round(self, server_round: int) -> bool:
+        return server_round > 0 and (server_round % self.cfg.eval_every == 0 or server_round == self.cfg.rounds)
+
+    def _proxies_by_partition(self, client_manager: ClientManager, server_round: int) -> dict[int, ClientProxy]:
+        """Map partition id -> ClientProxy, asking each newly seen node its partition id once."""
+        client_manager.wait_for(self.federation.num_clients)
+        proxies: dict[int, ClientProxy] = {}
+        for cid, proxy in client_manager.all().items():
+            if cid not in self.partition_of:
+                res = proxy.get_properties(GetPropertiesIns(config={}), timeout=None, group_id=server_round)
+                pid = int(res.properties["partition_id"])
+                if not 0 <= pid < self.federation.num_clients:
+                    raise FedpersError(f"node {cid} reports partition-id {pid}, outside 0..{self.federation.num_clients - 1}")
+                self.partition_of[cid] = pid
+            proxies[self.partition_of[cid]] = proxy
+        return proxies
+
+    def _finish_round(self, server_round: int, per_client: dict[int, float] | None, extras: dict[str, Any]) -> None:
+        r = self._round
+        losses = r.get("losses", [])
+        n = sum(c for _, c in losses)
+        record: dict[str, Any] = {
+            "round": server_round,
+            "global_acc": r.get("global_acc"),
+            "personalized_macro_acc": _mean(per_client.values()) if per_client else None,
+            "per_client_acc": {str(k): v for k, v in sorted(per_client.items())} if per_client else None,
+            "train_loss": sum(l * c for l, c in losses) / n if n else None,
+            "bytes_up": r.get("bytes_up", 0),
+            "bytes_down": r.get("bytes_down", 0),
+            "round_seconds": time.perf_counter() - r.get("start", time.perf_counter()),
+            "fit_clients": r.get("fit_clients", []),
+            "rejected_updates": r.get("rejected", 0),
+            "failed_clients": r.get("failures", 0),
+            **extras,
+        }
+        self.totals["bytes_up"] += record["bytes_up"]
+        self.totals["bytes_down"] += record["bytes_down"]
+        self.history.append(record)
+        if self.writer is not None:
+            self.writer.append_round(record)
+        elapsed = time.perf_counter() - self.started
+        print(format_round_line(record, self.cfg.rounds, elapsed), flush=True)
+        if server_round == self.cfg.rounds:
+            self._write_summary()
+
+    def _write_summary(self) -> None:
+        last = self.history[-1]
+        final = {k: v for k, v in last.items() if k.startswith(("global_acc", "personalized_macro_acc"))}
+        summary = {
+            "method": self.cfg.method,
+            "dataset": self.cfg.dataset,
+            "rounds": self.cfg.rounds,
+            "metric": self.spec.metric,
+            "final": final,
+            "wall_seconds": time.perf_counter() - self.started,
+            "mean_round_seconds": _mean(h["round_seconds"] for h in self.history),
+            "bytes_up": self.totals["bytes_up"],
+            "bytes_down": self.totals["bytes_down"],
+            "num_clients": self.federation.num_clients,
+            "client_train_sizes": [len(t) for t in self.federation.partition.train],
+            "aux_size": len(self.federation.partition.aux),
+            "config": self.cfg.to_dict(),
+        }
+        if self.writer is not None:
+            self.writer.write_summary(summary)
+        log(INFO, "fedpers: %s final %s = %s", self.cfg.method, self.spec.metric, final.get(self.spec.metric))
+
+
+def _mean(values) -> float | None:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    return float(np.mean(vals)) if vals else None
+
+
+def _describe_failure(failure: Any) -> str:
+    if isinstance(failure, BaseException):
+        return f"{type(failure).__name__}: {failure}"
+    if isinstance(failure, tuple) and len(failure) == 2:
+        proxy, res = failure
+        status = getattr(res, "status", None)
+        return f"node {getattr(proxy, 'cid', '?')}: {getattr(status, 'message', res)}"
+    return str(failure)

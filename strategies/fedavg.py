@@ -1,0 +1,11 @@
+"""FedAvg (McMahan et al., AISTATS 2017): the whole model is broadcast, trained and averaged
+(sample-weighted, Alg. 1 of the paper); evaluated as a global model."""
+
+from strategies.base import FedPersStrategy
+
+
+class FedAvgStrategy(FedPersStrategy):
+    """Whole-model averaging."""
+
+    download_part = "all"
+    upload_part = "all"
