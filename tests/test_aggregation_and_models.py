@@ -1,0 +1,101 @@
+"""Eq. (4) aggregation, update validation, the backbone/head split, and Eq. (5) recalibration."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedpers.errors import ClientUpdateError
+from fedpers.models import array_shapes, build_model, get_arrays, parameter_names, set_arrays
+from fedpers.training import backbone_features, recalibrate_head, seed_everything
+from fedpers.validation import update_problem, weighted_average
+
+
+def test_weighted_average_known_values():
+    a = [np.array([1.0, 2.0], np.float32), np.array([[0.0]], np.float32)]
+    b = [np.array([3.0, 6.0], np.float32), np.array([[4.0]], np.float32)]
+    out = weighted_average([(a, 1), (b, 3)])  # Eq. 4: (1*a + 3*b) / 4
+    np.testing.assert_allclose(out[0], [2.5, 5.0])
+    np.testing.assert_allclose(out[1], [[3.0]])
+    assert out[0].dtype == np.float32
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(1, 1000), min_size=1, max_size=6), st.floats(-5, 5))
+def test_weighted_average_of_identical_updates_is_identity(counts, value):
+    arr = [np.full((2, 3), value, np.float32)]
+    out = weighted_average([(arr, n) for n in counts])
+    np.testing.assert_allclose(out[0], arr[0], rtol=1e-6, atol=1e-6)
+
+
+def test_update_problem_rejects_malformed():
+    shapes = [(2,), (1, 1)]
+    ok = [np.zeros(2, np.float32), np.zeros((1, 1), np.float32)]
+    assert update_problem(ok, shapes, 5) is None
+    assert "NaN" in update_problem([np.array([np.nan, 0], np.float32), ok[1]], shapes, 5)
+    assert "shape" in update_problem([np.zeros(3, np.float32), ok[1]], shapes, 5)
+    assert "arrays" in update_problem(ok[:1], shapes, 5)
+    assert "sample count" in update_problem(ok, shapes, 0)
+    assert "dtype" in update_problem([np.zeros(2, np.int64), ok[1]], shapes, 5)
+    assert "bound" in update_problem(ok, shapes, 10, max_examples=9)
+
+
+def test_split_by_name_covers_the_model_exactly_once():
+    m = build_model((1, 8, 8), 10, feature_dim=16, seed=0)
+    bb, head = parameter_names(m, "backbone"), parameter_names(m, "head")
+    assert set(bb).isdisjoint(head)
+    assert sorted(bb + head) == sorted(parameter_names(m, "all"))
+    assert head == ["head.weight", "head.bias"]
+    assert all(not n.startswith("head.") for n in bb)
+
+
+def test_seeded_models_are_identical_and_set_arrays_round_trips():
+    a = build_model((1, 8, 8), 10, feature_dim=16, seed=3)
+    b = build_model((1, 8, 8), 10, feature_dim=16, seed=3)
+    for x, y in zip(get_arrays(a, "all"), get_arrays(b, "all")):
+        np.testing.assert_array_equal(x, y)
+    c = build_model((1, 8, 8), 10, feature_dim=16, seed=4)
+    set_arrays(c, get_arrays(a, "backbone"), "backbone")
+    for x, y in zip(get_arrays(a, "backbone"), get_arrays(c, "backbone")):
+        np.testing.assert_array_equal(x, y)
+    assert not np.array_equal(get_arrays(a, "head")[0], get_arrays(c, "head")[0])
+
+
+def test_set_arrays_rejects_bad_shapes_and_nan():
+    m = build_model((1, 8, 8), 10, feature_dim=16, seed=0)
+    head = get_arrays(m, "head")
+    with pytest.raises(ClientUpdateError, match="shape"):
+        set_arrays(m, [head[0][:5], head[1]], "head")
+    with pytest.raises(ClientUpdateError, match="expected 2"):
+        set_arrays(m, head[:1], "head")
+    bad = [head[0].copy(), head[1].copy()]
+    bad[1][0] = np.inf
+    with pytest.raises(ClientUpdateError, match="finite"):
+        set_arrays(m, bad, "head")
+    assert array_shapes(m, "head") == [(10, 16), (10,)]
+
+
+def test_model_sizes_follow_the_data():
+    for shape, classes in [((1, 8, 8), 10), ((1, 28, 28), 10), ((3, 32, 32), 100), ((3, 64, 64), 7)]:
+        m = build_model(shape, classes, seed=0)
+        out = m(torch.zeros(2, *shape))
+        assert out.shape == (2, classes)
+
+
+def test_recalibration_trains_only_the_head_and_lowers_its_loss():
+    """Eq. (5): the backbone stays fixed, the head's CE on Ds falls."""
+    torch.manual_seed(0)
+    m = build_model((1, 8, 8), 3, feature_dim=16, seed=0)
+    x = torch.randn(90, 1, 8, 8)
+    y = torch.arange(90) % 3
+    x[y == 1] += 1.5
+    x[y == 2] -= 1.5
+    before_bb = get_arrays(m, "backbone")
+    feats = backbone_features(m, x)
+    loss_before = F.cross_entropy(m.head(feats), y).item()
+    recalibrate_head(m, x, y, epochs=20, lr=0.5, batch_size=16, generator=seed_everything(0))
+    for b, a in zip(before_bb, get_arrays(m, "backbone")):
+        np.testing.assert_array_equal(b, a)
+    assert F.cross_entropy(m.head(backbone_features(m, x)), y).item() < loss_before
