@@ -1,0 +1,32 @@
+# fedpers: `make run` (quick-start experiment) and `make test` (test suite). Both create .venv first.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.fedpers-installed
+export FLWR_TELEMETRY_ENABLED := 0
+export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
+
+.PHONY: run test venv clean bench-mnist
+
+venv: $(STAMP)
+
+# Pinned dependencies (requirements.lock) with pip: torch 2.14.1 / torchvision 0.29.1 come from the
+# machine's local wheels where present; nothing may pull a newer torch.
+$(STAMP): pyproject.toml requirements.lock
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements.lock
+	$(BIN)/python -m pip install -q --no-deps -e .
+	@touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/fedpers run configs/quickstart.yaml
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench-mnist: $(STAMP)
+	$(BIN)/python benchmarks/mnist_table2.py --rounds 10
+
+clean:
+	rm -rf $(VENV) results .pytest_cache

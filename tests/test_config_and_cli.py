@@ -1,0 +1,126 @@
+"""Config schema, data loading errors, and the CLI's one-line errors."""
+
+import subprocess
+import sys
+import tomllib
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedpers.config import KEYS, KEYS_BY_NAME, build_config, load_config, parse_set_arguments
+from fedpers.data import load_dataset, load_npz
+from fedpers.errors import ConfigError, DataError
+from tests.conftest import ROOT
+
+
+def test_pyproject_run_config_is_the_quickstart_over_schema_defaults():
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    flower = pyproject["tool"]["flwr"]["app"]["config"]
+    assert set(flower) == {k.name for k in KEYS}
+    assert flower == load_config(ROOT / "configs" / "quickstart.yaml").to_dict()
+
+
+def test_set_values_are_parsed_as_yaml_scalars():
+    assert parse_set_arguments(["alpha=0.05", "method=pfedkdh", "rounds=3", "data_dir="]) == {
+        "alpha": 0.05, "method": "pfedkdh", "rounds": 3, "data_dir": ""}
+    cfg = load_config(None, ["alpha=0.5", "num_clients=7"])
+    assert cfg.alpha == 0.5 and cfg.num_clients == 7 and isinstance(cfg.alpha, float)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"alpah": 0.1}, "unknown config key 'alpah' (did you mean 'alpha'?)"),
+    ({"alpha": 0}, "config key 'alpha': must be > 0"),
+    ({"alpha": "abc"}, "config key 'alpha': expected float"),
+    ({"rounds": 2.5}, "config key 'rounds': expected int"),
+    ({"method": "fedvag"}, "did you mean 'fedavg'"),
+    ({"variant": "both"}, "config key 'variant': must be one of fair, ea"),
+    ({"fraction_fit": 1.5}, "config key 'fraction_fit'"),
+    ({"method": "pfedkdh", "aux_size": 0}, "needs the server's auxiliary set"),
+])
+def test_bad_config_values_name_the_key(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        build_config(overrides)
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@settings(max_examples=60, deadline=None)
+@given(key=st.sampled_from([k.name for k in KEYS]),
+       value=st.one_of(st.integers(-5, 5), st.floats(allow_nan=True), st.text(max_size=8), st.booleans()))
+def test_any_value_is_accepted_or_rejected_with_a_config_error(key, value):
+    try:
+        cfg = build_config({key: value})
+    except ConfigError as exc:
+        assert key in str(exc) or "aux_size" in str(exc)
+    else:
+        assert isinstance(cfg[key], KEYS_BY_NAME[key].type)
+
+
+def test_malformed_yaml_is_a_config_error(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("alpha: [1, 2\nmethod: x")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("alpha:\n  a: 1\n")
+    with pytest.raises(ConfigError, match="expected a scalar"):
+        load_config(nested)
+
+
+def test_npz_validation(tmp_path):
+    good = tmp_path / "good.npz"
+    rng = np.random.default_rng(0)
+    np.savez(good, x_train=rng.integers(0, 255, (20, 8, 8), dtype=np.uint8), y_train=np.arange(20) % 3,
+             x_test=rng.integers(0, 255, (6, 8, 8), dtype=np.uint8), y_test=np.arange(6) % 3)
+    ds = load_npz(good)
+    assert ds.input_shape == (1, 8, 8) and ds.num_classes == 3 and ds.x_train.dtype == np.float32
+    missing = tmp_path / "missing.npz"
+    np.savez(missing, x_train=np.zeros((2, 4, 4)))
+    with pytest.raises(DataError, match="missing arrays"):
+        load_npz(missing)
+    corrupt = tmp_path / "corrupt.npz"
+    corrupt.write_bytes(b"not a zip file")
+    with pytest.raises(DataError, match="not a readable .npz"):
+        load_npz(corrupt)
+    badlabels = tmp_path / "badlabels.npz"
+    np.savez(badlabels, x_train=np.zeros((4, 4, 4)), y_train=[0, 1, 2, 5], x_test=np.zeros((2, 4, 4)),
+             y_test=[0, 1], class_names=np.array(["a", "b", "c"]))
+    with pytest.raises(DataError, match=r"labels outside \[0, 3\)"):
+        load_npz(badlabels)
+    shapes = tmp_path / "shapes.npz"
+    np.savez(shapes, x_train=np.zeros((4, 4, 4)), y_train=[0, 1, 0, 1], x_test=np.zeros((2, 5, 5)), y_test=[0, 1])
+    with pytest.raises(DataError, match="differ"):
+        load_npz(shapes)
+    with pytest.raises(DataError, match="not found"):
+        load_dataset(str(tmp_path / "nope.npz"))
+
+
+def test_shared_mnist_loads(shared_data):
+    ds = load_dataset(str(shared_data / "mnist.npz"))
+    assert ds.x_train.shape == (60000, 1, 28, 28) and ds.num_classes == 10
+    assert abs(float(ds.x_train.mean())) < 1e-3
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "fedpers.cli", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "--set", "method=nope"], "unknown method 'nope'"),
+    (["run", "--set", "dataset=imagenet"], "unknown dataset 'imagenet'"),
+    (["run", "--set", "dataset=/no/such/file.npz"], "data file not found"),
+    (["run", "--set", "dataset=digits", "--set", "aux_size=10", "--set", "num_clients=5000"], "exceeds"),
+    (["run", "--set", "rounds=ten"], "config key 'rounds': expected int"),
+    (["run", "--set", "alpha=-1"], "config key 'alpha': must be > 0"),
+    (["run", "--set", "colour=red"], "unknown config key 'colour'"),
+    (["run", "no_such_config.yaml"], "config file not found"),
+])
+def test_cli_bad_input_is_one_line_and_nonzero(args, message):
+    res = run_cli(*args)
+    assert res.returncode == 2
+    assert "Traceback" not in res.stderr
+    lines = [l for l in res.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("fedpers: error:") and message in lines[0], res.stderr
