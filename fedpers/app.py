@@ -8,6 +8,7 @@ fedpers schema; the method's Strategy and NumPyClient come from the registry.
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import torch
 from flwr.app import Context
@@ -16,6 +17,7 @@ from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
 from fedpers.config import Config, from_run_config
 from fedpers.federation import get_federation
+from fedpers.partition import save_partition
 from fedpers.registry import get_method
 from fedpers.results import ResultsWriter
 
@@ -34,7 +36,10 @@ def server_fn(context: Context) -> ServerAppComponents:
     """Build the method's Strategy, its results writer and the number of rounds."""
     cfg = config_of(context)
     federation = get_federation(cfg)
-    strategy = get_method(cfg.method).strategy_class()(cfg, federation, ResultsWriter(cfg.out_dir))
+    writer = ResultsWriter(cfg.out_dir)
+    save_partition(writer.out_dir / "partition.npz", federation.partition, dataset=Path(cfg.dataset).name,
+                   num_train=len(federation.dataset.y_train), num_test=len(federation.dataset.y_test))
+    strategy = get_method(cfg.method).strategy_class()(cfg, federation, writer)
     return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=cfg.rounds))
 
 

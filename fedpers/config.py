@@ -81,8 +81,9 @@ KEYS: tuple[Key, ...] = (
         "digits | mnist | fmnist | cifar10 | cifar100, or a path to a Keras-layout .npz file"),
     Key("data_dir", str, "",
         "directory holding <dataset>.npz or torchvision files; '' = ~/.cache/fedpers/data (download)"),
-    Key("partition", str, "dirichlet", "client split: dirichlet | pathological | iid",
-        _one_of("dirichlet", "pathological", "iid")),
+    Key("partition", str, "dirichlet", "client split: dirichlet | pathological | iid | file",
+        _one_of("dirichlet", "pathological", "iid", "file")),
+    Key("partition_file", str, "", "partition.npz to take clients, splits and Ds from (partition=file)"),
     Key("alpha", float, 0.05, "Dirichlet concentration of the class-wise label skew", _positive),
     Key("classes_per_client", int, 2, "classes per client for partition=pathological", _at_least_one),
     Key("min_samples_per_client", int, 10,
@@ -235,7 +236,9 @@ def _check_combinations(values: Mapping[str, Value]) -> None:
     from fedpers.registry import METHODS
 
     spec = METHODS[str(values["method"])]
-    if spec.needs_aux and values["aux_size"] == 0:
+    if values["partition"] == "file" and not values["partition_file"]:
+        raise ConfigError("config key 'partition_file': partition=file needs partition_file: PATH")
+    if spec.needs_aux and values["aux_size"] == 0 and values["partition"] != "file":
         raise ConfigError(
             f"config key 'aux_size': method '{spec.name}' needs the server's auxiliary set Ds; set aux_size > 0"
         )
@@ -289,7 +292,18 @@ def load_config(path: str | Path | None = None, sets: list[str] | None = None, *
         overrides.update(load_yaml(path))
     overrides.update(parse_set_arguments(sets or []))
     overrides.update(extra)
-    return build_config(overrides)
+    cfg = build_config(overrides)
+    if cfg.partition == "file":
+        # num_clients comes from the file; an explicitly given different value is an error.
+        from fedpers.partition import count_partition_clients
+
+        in_file = count_partition_clients(cfg.partition_file)
+        if cfg.num_clients != in_file:
+            if "num_clients" in overrides:
+                raise ConfigError(f"config key 'num_clients': {cfg.num_clients} given, but partition file "
+                                  f"{cfg.partition_file} has {in_file} clients")
+            cfg = cfg.replace(num_clients=in_file)
+    return cfg
 
 
 def from_run_config(run_config: Mapping[str, Any]) -> Config:

@@ -9,15 +9,17 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from fedpers.config import Config
 from fedpers.data import Dataset, load_dataset
-from fedpers.partition import Partition, make_partition
+from fedpers.errors import DataError
+from fedpers.partition import Partition, load_partition, make_partition
 
 # Config keys that determine the data and the split (nothing else may change them).
-DATA_KEYS = ("dataset", "data_dir", "partition", "alpha", "classes_per_client", "min_samples_per_client",
-             "num_clients", "aux_size", "seed")
+DATA_KEYS = ("dataset", "data_dir", "partition", "partition_file", "alpha", "classes_per_client",
+             "min_samples_per_client", "num_clients", "aux_size", "seed")
 
 
 @dataclass(frozen=True)
@@ -64,12 +66,16 @@ class Federation:
         return self.dataset.input_shape
 
     def _tensors(self, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """(x, y) of the train index space and of the test index space, on ``device``."""
         key = str(device)
         if key not in self._on_device:
             d = self.dataset
-            self._on_device[key] = tuple(
-                torch.as_tensor(a).to(device) for a in (d.x_train, d.y_train, d.x_test, d.y_test)
-            )
+            if self.partition.index_space == "split":
+                arrays = [(d.x_train, d.y_train), (d.x_test, d.y_test)]
+            else:  # joined: every index points into concat(x_train, x_test)
+                arrays = [(np.concatenate([d.x_train, d.x_test]), np.concatenate([d.y_train, d.y_test]))]
+            moved = [tuple(torch.as_tensor(a).to(device) for a in pair) for pair in arrays]
+            self._on_device[key] = (*moved[0], *moved[-1])
         return self._on_device[key]
 
     def client(self, partition_id: int, device: torch.device) -> ClientData:
@@ -89,23 +95,41 @@ class Federation:
         return Split(xtr[idx], ytr[idx])
 
     def test(self, device: torch.device) -> Split:
-        """The whole test split (global accuracy of a shared model)."""
+        """The global test set: the whole test split, or in a joined index space the union of the
+        clients' test splits (global accuracy of a shared model)."""
         _, _, xte, yte = self._tensors(device)
-        return Split(xte, yte)
+        if self.partition.index_space == "split":
+            return Split(xte, yte)
+        idx = torch.as_tensor(np.sort(np.concatenate(self.partition.test)), device=device)
+        return Split(xte[idx], yte[idx])
 
 
 @functools.lru_cache(maxsize=4)
-def _federation(dataset: str, data_dir: str, partition: str, alpha: float, classes_per_client: int,
-                min_samples_per_client: int, num_clients: int, aux_size: int, seed: int) -> Federation:
+def _federation(dataset: str, data_dir: str, partition: str, partition_file: str, alpha: float,
+                classes_per_client: int, min_samples_per_client: int, num_clients: int, aux_size: int,
+                seed: int) -> Federation:
     data = load_dataset(dataset, data_dir)
-    split = make_partition(
-        data.y_train, data.y_test, num_clients=num_clients, scheme=partition, alpha=alpha,
-        classes_per_client=classes_per_client, aux_size=aux_size, seed=seed,
-        min_samples_per_client=min_samples_per_client, num_classes=data.num_classes,
-    )
+    if partition == "file":
+        split = load_partition(partition_file, num_train=len(data.y_train), num_test=len(data.y_test))
+        if split.num_clients != num_clients:
+            raise DataError(f"num_clients={num_clients} but partition file {partition_file} has "
+                            f"{split.num_clients} clients")
+    else:
+        split = make_partition(
+            data.y_train, data.y_test, num_clients=num_clients, scheme=partition, alpha=alpha,
+            classes_per_client=classes_per_client, aux_size=aux_size, seed=seed,
+            min_samples_per_client=min_samples_per_client, num_classes=data.num_classes,
+        )
     return Federation(data, split)
 
 
 def get_federation(cfg: Config) -> Federation:
     """The run's Federation, loaded and split once per process."""
-    return _federation(*(cfg[k] for k in DATA_KEYS))
+    fed = _federation(*(cfg[k] for k in DATA_KEYS))
+    from fedpers.registry import get_method
+
+    spec = get_method(cfg.method)
+    if spec.needs_aux and len(fed.partition.aux) == 0:
+        source = f"partition file {cfg.partition_file}" if cfg.partition == "file" else "this split"
+        raise DataError(f"method '{cfg.method}' needs the server's auxiliary set Ds, but {source} leaves none")
+    return fed

@@ -25,13 +25,21 @@ from fedpers.errors import DataError
 MAX_DIRICHLET_DRAWS = 1000
 
 
+INDEX_SPACES = ("split", "joined")
+
+
 @dataclass(frozen=True)
 class Partition:
-    """Sample indices per client: ``train[k]`` into x_train, ``test[k]`` into x_test; ``aux`` into x_train."""
+    """Sample indices per client.
+
+    ``index_space == "split"``: ``train[k]`` and ``aux`` index x_train, ``test[k]`` indexes x_test.
+    ``index_space == "joined"``: every index points into the concatenation of x_train and x_test.
+    """
 
     train: tuple[np.ndarray, ...]
     test: tuple[np.ndarray, ...]
     aux: np.ndarray
+    index_space: str = "split"
 
     @property
     def num_clients(self) -> int:
@@ -119,3 +127,82 @@ def make_partition(y_train: np.ndarray, y_test: np.ndarray, *, num_clients: int,
     if empty:
         raise DataError(f"partition '{scheme}' leaves client {empty[0]} without train or test data")
     return Partition(tuple(train), tuple(test), aux)
+
+
+def save_partition(path, partition: Partition, *, dataset: str, num_train: int, num_test: int) -> None:
+    """Write ``partition.npz``: ``train_<c>``, ``test_<c>`` (int64), ``aux``, ``index_space``, ``dataset``,
+    ``num_samples`` (= num_train + num_test, the length of the joined index space) and ``num_train``."""
+    arrays = {f"train_{c}": t.astype(np.int64) for c, t in enumerate(partition.train)}
+    arrays.update({f"test_{c}": t.astype(np.int64) for c, t in enumerate(partition.test)})
+    np.savez(path, **arrays, aux=partition.aux.astype(np.int64), index_space=np.array(partition.index_space),
+             dataset=np.array(dataset), num_samples=np.array(num_train + num_test, dtype=np.int64),
+             num_train=np.array(num_train, dtype=np.int64))
+
+
+def count_partition_clients(path) -> int:
+    """Number of clients in a partition file (its ``train_<c>`` arrays), or a DataError."""
+    return len(_read_partition_arrays(path)[0])
+
+
+def _read_partition_arrays(path):
+    from pathlib import Path
+
+    p = Path(path)
+    if not str(path):
+        raise DataError("partition=file needs partition_file: PATH")
+    if not p.is_file():
+        raise DataError(f"partition file not found: {p}")
+    try:
+        with np.load(p, allow_pickle=False) as f:
+            data = {k: f[k] for k in f.files}
+    except Exception as exc:
+        raise DataError(f"{p}: not a readable partition .npz ({type(exc).__name__})") from None
+    train = {int(k[6:]): v for k, v in data.items() if k.startswith("train_") and k[6:].isdigit()}
+    test = {int(k[5:]): v for k, v in data.items() if k.startswith("test_") and k[5:].isdigit()}
+    if not train:
+        raise DataError(f"{p}: no train_<c> arrays")
+    if sorted(train) != list(range(len(train))) or sorted(test) != sorted(train):
+        raise DataError(f"{p}: clients must be train_0..train_{len(train) - 1} with matching test_<c> arrays")
+    return train, test, data, p
+
+
+def load_partition(path, *, num_train: int, num_test: int) -> Partition:
+    """Read and check a partition file against a dataset of ``num_train`` + ``num_test`` samples.
+
+    Errors (one line each): unknown index space, ``num_samples`` not matching the dataset, indices out of
+    range or not integers, a client with an empty train or test split, a client whose train and test
+    overlap (joined space), or an ``aux`` set that overlaps client data."""
+    train, test, data, p = _read_partition_arrays(path)
+    space = str(data.get("index_space", np.array("split")))
+    if space not in INDEX_SPACES:
+        raise DataError(f"{p}: index_space must be 'split' or 'joined', got '{space}'")
+    if "num_samples" in data and int(data["num_samples"]) != num_train + num_test:
+        raise DataError(
+            f"{p}: num_samples={int(data['num_samples'])} but the dataset has {num_train + num_test} "
+            f"({num_train} train + {num_test} test): the split was made for other data"
+        )
+    bounds = {"train": num_train, "test": num_test, "aux": num_train} if space == "split" else \
+        {"train": num_train + num_test, "test": num_train + num_test, "aux": num_train + num_test}
+
+    def checked(name: str, arr, kind: str) -> np.ndarray:
+        arr = np.asarray(arr)
+        if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+            raise DataError(f"{p}: {name} must be a 1-D integer index array")
+        arr = arr.astype(np.int64)
+        if arr.size and (arr.min() < 0 or arr.max() >= bounds[kind]):
+            raise DataError(f"{p}: {name} has indices outside [0, {bounds[kind]}) of the {space} index space")
+        return arr
+
+    tr = tuple(checked(f"train_{c}", train[c], "train") for c in range(len(train)))
+    te = tuple(checked(f"test_{c}", test[c], "test") for c in range(len(train)))
+    aux = checked("aux", data.get("aux", np.zeros(0, np.int64)), "aux")
+    for c in range(len(tr)):
+        if len(tr[c]) == 0 or len(te[c]) == 0:
+            raise DataError(f"{p}: client {c} has an empty train or test split")
+        if space == "joined" and np.intersect1d(tr[c], te[c]).size:
+            raise DataError(f"{p}: client {c}'s train and test splits overlap")
+    client_train = np.concatenate(tr)
+    client_all = client_train if space == "split" else np.concatenate([client_train, *te])
+    if aux.size and np.intersect1d(aux, client_all).size:
+        raise DataError(f"{p}: aux overlaps client data")
+    return Partition(tr, te, aux, space)
