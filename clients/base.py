@@ -25,6 +25,7 @@ from fedpers.config import Config
 from fedpers.errors import ClientUpdateError
 from fedpers.federation import get_federation
 from fedpers.models import Part, build_model, get_arrays, set_arrays
+from fedpers.registry import get_method
 from fedpers.training import evaluate, resolve_device, seed_everything, sgd, train_epochs
 
 STATE_PREFIX = "fedpers."
@@ -70,7 +71,8 @@ class FedPersClient(NumPyClient):
         self.partition_id = partition_id_of(context, federation.num_clients)
         self.data = federation.client(self.partition_id, self.device)
         self.model = build_model(federation.input_shape, federation.num_classes, feature_dim=cfg.feature_dim,
-                                 dropout=cfg.dropout, seed=cfg.seed).to(self.device)
+                                 dropout=cfg.dropout, seed=cfg.seed,
+                                 kind=get_method(cfg.method).model).to(self.device)
         # The persistent part's initial value (phi_k^0): the seeded init, identical on every client.
         self._initial_personal = get_arrays(self.model, self.persistent_part) if self.persistent_part else None
 

@@ -121,6 +121,28 @@ KEYS: tuple[Key, ...] = (
     Key("warmup_epochs", int, 0, "pFedKDH global warm-up epochs E_w on Ds (Eq. 3)", _non_negative),
     Key("ea_steps", int, 10, "pFedKDH-EA head-only SGD steps at evaluation (ours)", _non_negative),
     Key("ea_lr", float, 0.015, "pFedKDH-EA head-adaptation learning rate (ours: = lr)", _positive),
+    # --- FedEAGD (fedpers/fedeagd.py; the summary gives no values for these except fixed_coef) ----------
+    Key("fedeagd_ema_decay", float, 0.9,
+        "FedEAGD EMA-teacher decay beta per participation: T <- beta T + (1-beta) theta_k (ours)", _unit_interval),
+    Key("fedeagd_kd_base", float, 0.5, "FedEAGD base distillation coefficient lambda_0 (ours)", _non_negative),
+    Key("fedeagd_kd_max", float, 1.0,
+        "FedEAGD upper bound of the coefficient min(lambda_0 (1 + d), bound) (ours)", _non_negative),
+    Key("fedeagd_kd_form", str, "cosine",
+        "FedEAGD per-sample historical distillation loss: cosine (1 - cos) | mse (ours: cosine)",
+        _one_of("cosine", "mse")),
+    Key("fedeagd_fusion_start", int, 20, "FedEAGD round at which the residual gate starts to open (ours)",
+        _non_negative),
+    Key("fedeagd_fusion_ramp", int, 20, "FedEAGD rounds over which the gate rises linearly to 1 (ours)",
+        _non_negative),
+    Key("fedeagd_teacher", bool, True, "FedEAGD historical EMA teacher on (false = ablation: no teacher)"),
+    Key("fedeagd_kd_weighting", str, "adaptive",
+        "FedEAGD coefficient: adaptive (drift-based) | fixed (ablation, fedeagd_kd_fixed for every sample)",
+        _one_of("adaptive", "fixed")),
+    Key("fedeagd_kd_fixed", float, 0.5, "FedEAGD coefficient of the fixed-weighting ablation (summary: 0.50)",
+        _non_negative),
+    Key("fedeagd_fusion", str, "progressive",
+        "FedEAGD residual fusion: progressive | always (ablation: on from round 0) | off (ablation)",
+        _one_of("progressive", "always", "off")),
 )
 
 KEYS_BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}

@@ -1,8 +1,11 @@
-"""Models and the one place that splits a model into backbone and head.
+"""Models and the one place that splits a model into parts.
 
-Every fedpers model has two child modules: ``backbone`` (input -> feature vector) and ``head``
-(feature vector -> class logits). :func:`parameter_names` is the only code that knows which state
-entries belong to which part; everything else asks it (or :func:`get_arrays` / :func:`set_arrays`).
+Every fedpers model has the child modules ``backbone`` (input -> feature vector) and ``head`` (feature
+vector -> class logits); FedEAGD's model also has ``residual`` (the personalized residual branch on the
+features). :func:`parameter_names` is the only code that knows which state entries belong to which part;
+everything else asks it (or :func:`get_arrays` / :func:`set_arrays`). Parts: ``backbone``, ``head``,
+``residual``, ``personal`` (everything but the backbone: head plus residual, = ``head`` for models
+without a residual) and ``all``.
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ from torch import nn
 
 from fedpers.errors import ClientUpdateError
 
-Part = Literal["backbone", "head", "all"]
+Part = Literal["backbone", "head", "residual", "personal", "all"]
+ModelKind = Literal["cnn", "se_cnn"]
 HEAD_MODULE = "head"
+RESIDUAL_MODULE = "residual"
 
 
 class SimpleCNN(nn.Module):
@@ -45,27 +50,107 @@ class SimpleCNN(nn.Module):
         return self.head(self.backbone(x))
 
 
+class SqueezeExcitation(nn.Module):
+    """Squeeze-and-excitation (Hu et al., CVPR 2018): channel weights ``sigmoid(W2 relu(W1 avgpool(x)))``
+    rescale the feature map. ``reduction`` 8 is ours (the FedEAGD summary gives no width)."""
+
+    def __init__(self, channels: int, reduction: int = 8):
+        super().__init__()
+        hidden = max(1, channels // reduction)
+        self.fc1 = nn.Linear(channels, hidden)
+        self.fc2 = nn.Linear(hidden, channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        s = x.mean(dim=(2, 3))
+        s = torch.sigmoid(self.fc2(torch.relu(self.fc1(s))))
+        return x * s[:, :, None, None]
+
+
+class SECNN(nn.Module):
+    """FedEAGD's model: a shared feature extractor of two conv blocks with squeeze-and-excitation
+    (``backbone``), a personalized gated residual branch on its features (``residual``) and a linear
+    classifier (``head``): ``logits = head(z + fusion * residual(z))``, ``z = backbone(x)``.
+
+    Widths are ours (the summary gives only the extractor's size, 2,153,216 parameters on CIFAR-100):
+    the foundation's CNN (conv 5x5 with 32 and 64 channels, padding 2, max-pool, dropout, FC
+    ``feature_dim``) with an SE module (reduction 8) after each conv block, which gives 2,152,748
+    parameters for 3x32x32 inputs and ``feature_dim`` 512 (-468, -0.02%). The residual is a bottleneck
+    MLP ``feature_dim -> feature_dim/4 -> feature_dim`` whose last layer starts at zero, so switching the
+    gate on does not perturb the features (ours). ``fusion`` is a plain attribute set each round by the
+    client (the schedule of :func:`fedpers.fedeagd.fusion_coefficient`), not model state.
+    """
+
+    def __init__(self, in_channels: int, image_size: tuple[int, int], num_classes: int,
+                 feature_dim: int = 512, dropout: float = 0.25, se_reduction: int = 8):
+        super().__init__()
+        h, w = image_size
+        flat = 64 * (h // 4) * (w // 4)
+        self.backbone = nn.Sequential(
+            nn.Conv2d(in_channels, 32, kernel_size=5, padding=2), nn.ReLU(),
+            SqueezeExcitation(32, se_reduction), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, kernel_size=5, padding=2), nn.ReLU(),
+            SqueezeExcitation(64, se_reduction), nn.MaxPool2d(2),
+            nn.Dropout(dropout), nn.Flatten(),
+            nn.Linear(flat, feature_dim), nn.ReLU(),
+        )
+        bottleneck = max(1, feature_dim // 4)
+        self.residual = nn.Sequential(nn.Linear(feature_dim, bottleneck), nn.ReLU(),
+                                      nn.Linear(bottleneck, feature_dim))
+        nn.init.zeros_(self.residual[2].weight)
+        nn.init.zeros_(self.residual[2].bias)
+        self.head = nn.Linear(feature_dim, num_classes)
+        self.fusion = 0.0
+
+    def classify(self, z: torch.Tensor) -> torch.Tensor:
+        """Logits from shared features ``z``: the gated residual fusion, then the head."""
+        if self.fusion != 0.0:
+            z = z + self.fusion * self.residual(z)
+        return self.head(z)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        return self.classify(self.backbone(x))
+
+
 def build_model(input_shape: Sequence[int], num_classes: int, *, feature_dim: int = 512,
-                dropout: float = 0.25, seed: int | None = None) -> SimpleCNN:
-    """Build the CNN for images of ``input_shape`` = (C, H, W); with ``seed`` the init is reproducible,
-    so server and every client start from identical weights."""
+                dropout: float = 0.25, seed: int | None = None, kind: ModelKind = "cnn") -> nn.Module:
+    """Build the model ``kind`` (``cnn``: :class:`SimpleCNN`; ``se_cnn``: FedEAGD's :class:`SECNN`) for
+    images of ``input_shape`` = (C, H, W); with ``seed`` the init is reproducible, so server and every
+    client start from identical weights."""
     c, h, w = input_shape
     if h < 4 or w < 4:
         raise ValueError(f"images must be at least 4x4, got {h}x{w}")
+    classes = {"cnn": SimpleCNN, "se_cnn": SECNN}
+    if kind not in classes:
+        raise ValueError(f"unknown model kind {kind!r}; known: {', '.join(classes)}")
+    cls = classes[kind]
     if seed is not None:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            return SimpleCNN(c, (h, w), num_classes, feature_dim, dropout)
-    return SimpleCNN(c, (h, w), num_classes, feature_dim, dropout)
+            return cls(c, (h, w), num_classes, feature_dim, dropout)
+    return cls(c, (h, w), num_classes, feature_dim, dropout)
 
 
 def parameter_names(model: nn.Module, part: Part) -> list[str]:
-    """State-dict keys of ``part`` in a stable order: the backbone/head split by name."""
+    """State-dict keys of ``part`` in a stable order, split by top-level module name: ``backbone``,
+    ``head`` and ``residual`` are those modules, ``personal`` is both, ``backbone`` is everything else."""
     keys = list(model.state_dict().keys())
     if part == "all":
         return keys
-    in_head = [k.split(".", 1)[0] == HEAD_MODULE for k in keys]
-    return [k for k, h in zip(keys, in_head) if h == (part == "head")]
+    top = [k.split(".", 1)[0] for k in keys]
+    personal = (HEAD_MODULE, RESIDUAL_MODULE)
+    if part == "personal":
+        return [k for k, t in zip(keys, top) if t in personal]
+    if part == "backbone":  # everything outside the personal modules
+        return [k for k, t in zip(keys, top) if t not in personal]
+    if part in (HEAD_MODULE, RESIDUAL_MODULE):
+        return [k for k, t in zip(keys, top) if t == part]
+    raise ValueError(f"unknown model part {part!r}")
+
+
+def parameter_count(model: nn.Module, part: Part) -> int:
+    """Number of scalar entries of ``part`` (what travels when the part is sent)."""
+    state = model.state_dict()
+    return sum(state[k].numel() for k in parameter_names(model, part))
 
 
 def get_arrays(model: nn.Module, part: Part) -> list[np.ndarray]:

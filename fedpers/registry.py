@@ -21,6 +21,7 @@ class MethodSpec:
     metric: str  # headline metric: "global_acc" (shared model) or "personalized_macro_acc"
     needs_aux: bool = False  # uses the server's labelled auxiliary set Ds
     paper: str = ""
+    model: str = "cnn"  # model kind passed to fedpers.models.build_model ("cnn" | "se_cnn")
 
     def strategy_class(self) -> type:
         """Import and return the Strategy class."""
@@ -47,6 +48,8 @@ METHODS: dict[str, MethodSpec] = {
                    "personalized_macro_acc", paper="Arivazhagan et al., arXiv:1912.00818"),
         MethodSpec("pfedkdh", "strategies.pfedkdh:PFedKDHStrategy", "clients.pfedkdh:PFedKDHClient",
                    "personalized_macro_acc", needs_aux=True, paper="Souza Neto et al., MLSP 2026"),
+        MethodSpec("fedeagd", "strategies.fedeagd:FedEAGDStrategy", "clients.fedeagd:FedEAGDClient",
+                   "personalized_macro_acc", paper="FedEAGD (paper summary in shared/papers)", model="se_cnn"),
     )
 }
 

@@ -71,7 +71,7 @@ class FedPersStrategy(FedAvg):
         self.writer = writer
         self.device = resolve_device(cfg.device)
         self.model = build_model(federation.input_shape, federation.num_classes, feature_dim=cfg.feature_dim,
-                                 dropout=cfg.dropout, seed=cfg.seed).to(self.device)
+                                 dropout=cfg.dropout, seed=cfg.seed, kind=self.spec.model).to(self.device)
         self.upload_shapes = array_shapes(self.model, self.upload_part)
         self.partition_of: dict[str, int] = {}  # Flower node id -> partition id
         self.last_fit_digest: dict[int, str] = {}  # partition id -> digest of its state after its last fit
@@ -88,6 +88,10 @@ class FedPersStrategy(FedAvg):
     def apply_aggregate(self, server_round: int, aggregated: list[np.ndarray]) -> None:
         """Install the aggregated upload part in the global model (methods add server-side steps)."""
         set_arrays(self.model, aggregated, self.upload_part, source="aggregate")
+
+    def summary_extras(self) -> dict[str, Any]:
+        """Method-specific fields added to ``summary.json`` (default: none)."""
+        return {}
 
     def download_arrays(self) -> list[np.ndarray]:
         """Arrays broadcast to clients."""
@@ -260,6 +264,7 @@ class FedPersStrategy(FedAvg):
             "client_train_sizes": [len(t) for t in self.federation.partition.train],
             "aux_size": len(self.federation.partition.aux),
             "config": self.cfg.to_dict(),
+            **self.summary_extras(),
         }
         if self.writer is not None:
             self.writer.write_summary(summary)

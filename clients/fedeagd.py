@@ -1,0 +1,113 @@
+"""FedEAGD client (paper summary in ``shared/papers/fedeagd-summary.txt``; math in ``fedpers/fedeagd.py``).
+
+Per round the client
+
+1. loads the broadcast shared extractor theta_g into its SE-CNN ``backbone`` and restores its persistent
+   personal part (classifier ``head`` and personalized ``residual``, never uploaded);
+2. sets the residual gate ``alpha_t`` of the round (progressive schedule, or an ablation);
+3. minimises ``CE(head(z + alpha_t r(z)), y) + 1/B sum_i lambda_i l(z_i, t_i)`` for E epochs, where
+   ``z = backbone(x)``, ``t`` is the EMA teacher's representation of the same sample (no gradient),
+   ``lambda_i = min(base (1 + d_i), bound)`` with drift ``d_i = 1 - cos(z_i, t_i)``;
+4. uploads only the shared extractor, keeps head + residual, and updates its EMA teacher
+   ``T <- beta T + (1 - beta) theta_k`` with the trained extractor.
+
+The EMA teacher is client state (``context.state``, saved once as an ``ArrayRecord``), persistent across
+rounds and never sent. A client has no history before its first participation, so that round has no
+distillation term and the teacher starts as the extractor it trained (ours; the summary does not say).
+Ablations (config keys): ``fedeagd_teacher=false`` (no teacher: plain CE), ``fedeagd_kd_weighting=fixed``
+(every sample gets ``fedeagd_kd_fixed``), ``fedeagd_fusion=always|off``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from clients.base import FedPersClient
+from fedpers.fedeagd import ema_update, fedeagd_coefficients, fusion_coefficient, historical_distillation
+from fedpers.models import set_arrays
+from fedpers.training import frozen_copy
+
+TEACHER_STATE = "ema_teacher"
+
+
+class FedEAGDClient(FedPersClient):
+    """Shared SE-CNN extractor, persistent head + residual, persistent EMA teacher."""
+
+    download_part = "backbone"
+    upload_part = "backbone"
+    persistent_part = "personal"
+
+    def __init__(self, cfg, context):
+        super().__init__(cfg, context)
+        self.teacher: nn.Module | None = None
+        self._drift_sum = 0.0
+        self._coef_sum = 0.0
+        self._seen = 0
+
+    # --- round settings -----------------------------------------------------------------------
+    def set_round(self, server_round: int) -> float:
+        """Install the residual gate alpha_t of ``server_round`` in the model; returns it."""
+        alpha = fusion_coefficient(server_round, self.cfg.fedeagd_fusion_start, self.cfg.fedeagd_fusion_ramp,
+                                   self.cfg.fedeagd_fusion)
+        self.model.fusion = alpha
+        return alpha
+
+    def load_teacher(self) -> nn.Module | None:
+        """The EMA teacher as a frozen model (only its backbone is used), or None when there is none yet
+        or the no-teacher ablation is on."""
+        if not self.cfg.fedeagd_teacher:
+            return None
+        arrays = self.load_state(TEACHER_STATE)
+        if arrays is None:
+            return None
+        teacher = frozen_copy(self.model)
+        set_arrays(teacher, arrays, "backbone", source=f"client {self.partition_id}: EMA teacher state")
+        return teacher
+
+    def update_teacher(self, trained_backbone: list[np.ndarray]) -> None:
+        """``T <- beta T + (1 - beta) theta_k`` (first participation: ``T <- theta_k``), saved in state."""
+        old = self.load_state(TEACHER_STATE)
+        new = trained_backbone if old is None else ema_update(old, trained_backbone, self.cfg.fedeagd_ema_decay)
+        self.save_state(TEACHER_STATE, new)
+
+    # --- training -------------------------------------------------------------------------------
+    def batch_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """CE of the fused model plus the per-sample weighted historical distillation of the extractor."""
+        z = self.model.backbone(x)
+        loss = F.cross_entropy(self.model.classify(z), y)
+        if self.teacher is None:
+            return loss
+        with torch.no_grad():
+            t = self.teacher.backbone(x)
+        drift, coef = fedeagd_coefficients(
+            z, t, adaptive=self.cfg.fedeagd_kd_weighting == "adaptive", base=self.cfg.fedeagd_kd_base,
+            upper=self.cfg.fedeagd_kd_max, fixed=self.cfg.fedeagd_kd_fixed)
+        self._drift_sum += float(drift.sum())
+        self._coef_sum += float(coef.sum())
+        self._seen += len(drift)
+        return loss + historical_distillation(z, t, coef, self.cfg.fedeagd_kd_form)
+
+    # --- Flower NumPyClient interface -------------------------------------------------------------
+    def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
+        """One FedEAGD round; uploads the shared extractor only, then updates the EMA teacher."""
+        alpha = self.set_round(int(config.get("server_round", 0)))
+        self.teacher = self.load_teacher()
+        uploaded, n, metrics = super().fit(parameters, config)
+        self.teacher = None
+        if self.cfg.fedeagd_teacher:
+            self.update_teacher(uploaded)
+        metrics["fusion"] = alpha
+        if self._seen:
+            metrics["mean_drift"] = self._drift_sum / self._seen
+            metrics["mean_kd_coef"] = self._coef_sum / self._seen
+        return uploaded, n, metrics
+
+    def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
+        """Personalized accuracy with the round's gate alpha_t (theta_g, residual_k, head_k)."""
+        self.set_round(int(config.get("server_round", 0)))
+        return super().evaluate(parameters, config)

@@ -1,0 +1,115 @@
+"""FedEAGD's math, as small pure functions (no Flower).
+
+FedEAGD (per-sample drift-aware historical distillation with progressive gated residual fusion). We work
+from a paper summary (``shared/papers/fedeagd-summary.txt``) that states the rules in words but gives no
+equation numbers; each function quotes the rule it implements. Values the summary leaves out are config
+keys whose defaults are ours (see ``fedpers/config.py``, section FedEAGD, and the README).
+
+* EMA teacher: ``theta_T <- beta theta_T + (1 - beta) theta_k`` (:func:`ema_update`).
+* Per-sample drift: ``d_i = 1 - cos(z_i, t_i)`` with ``z_i`` the current shared representation and ``t_i``
+  the EMA teacher's representation of the same sample (:func:`representation_drift`).
+* Distillation coefficient: ``lambda_i = min(lambda_0 (1 + d_i), lambda_max)`` (:func:`distillation_coefficient`).
+* Weighted historical distillation: ``1/B sum_i lambda_i l(z_i, t_i)`` (:func:`historical_distillation`).
+* Fusion schedule: ``alpha_t = 0`` before the activation round, linear to 1 over the ramp, then 1
+  (:func:`fusion_coefficient`); fused feature ``z + alpha_t r_k(z)``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+DistillForm = Literal["cosine", "mse"]
+FusionMode = Literal["progressive", "always", "off"]
+COS_EPS = 1e-8
+
+
+def representation_drift(current: torch.Tensor, historical: torch.Tensor) -> torch.Tensor:
+    """Per-sample drift ``d_i = 1 - cos(z_i, t_i)`` between the current shared representation ``z_i`` and
+    the historical (EMA-teacher) representation ``t_i`` of the same sample; shape ``(B,)``, values in
+    [0, 2] (0: same direction, 1: orthogonal). Summary: "for each sample, the cosine similarity between
+    the current shared representation and the teacher representation gives the drift"."""
+    z = current.flatten(1)
+    t = historical.flatten(1)
+    return 1.0 - F.cosine_similarity(z, t, dim=1, eps=COS_EPS)
+
+
+def distillation_coefficient(drift: torch.Tensor, base: float, upper: float) -> torch.Tensor:
+    """Per-sample coefficient ``lambda_i = min(base * (1 + d_i), upper)``. Summary: "the base coefficient
+    times one plus drift, clipped at a preset upper bound, so stronger drift yields stronger but bounded
+    supervision". The drift is detached: the coefficient is a weight, not a path for gradients (ours)."""
+    return torch.clamp(base * (1.0 + drift.detach()), max=upper)
+
+
+def per_sample_distillation(current: torch.Tensor, historical: torch.Tensor, form: DistillForm) -> torch.Tensor:
+    """Per-sample historical distillation loss ``l(z_i, t_i)``, shape ``(B,)``; the teacher is detached.
+
+    ``cosine``: ``1 - cos(z_i, t_i)`` (the drift itself, with gradient; scale-free, ours by default).
+    ``mse``: ``mean_j (z_ij - t_ij)^2`` (feature regression)."""
+    z = current.flatten(1)
+    t = historical.detach().flatten(1)
+    if form == "cosine":
+        return 1.0 - F.cosine_similarity(z, t, dim=1, eps=COS_EPS)
+    if form == "mse":
+        return (z - t).pow(2).mean(dim=1)
+    raise ValueError(f"unknown distillation form {form!r}")
+
+
+def historical_distillation(current: torch.Tensor, historical: torch.Tensor, coefficients: torch.Tensor,
+                            form: DistillForm) -> torch.Tensor:
+    """Batch mean of the coefficient-weighted per-sample distillation loss ``1/B sum_i lambda_i l(z_i, t_i)``
+    (summary: "the historical distillation loss is weighted per sample by" the coefficient)."""
+    return (coefficients.detach() * per_sample_distillation(current, historical, form)).mean()
+
+
+def fedeagd_coefficients(current: torch.Tensor, historical: torch.Tensor, *, adaptive: bool, base: float,
+                         upper: float, fixed: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(drift, coefficients) of one batch: adaptive ``min(base (1 + d), upper)``, or the fixed-coefficient
+    ablation (every sample gets ``fixed``; the summary's ablation uses 0.50)."""
+    with torch.no_grad():
+        drift = representation_drift(current, historical)
+    if adaptive:
+        return drift, distillation_coefficient(drift, base, upper)
+    return drift, torch.full_like(drift, float(fixed))
+
+
+def fusion_coefficient(server_round: int, start: int, ramp: int, mode: FusionMode = "progressive") -> float:
+    """Gate ``alpha_t`` of the personalized residual in round ``t`` (rounds count from 1).
+
+    ``progressive`` (summary: "zero before an activation round, rising linearly to one over a preset
+    ramp-up period, then staying at one"): ``0`` for ``t < start``; ``min(1, (t - start + 1) / ramp)`` for
+    ``t >= start``, so the first active round ``start`` has ``1/ramp`` and round ``start + ramp - 1`` has 1
+    (ours: the summary does not say whether the activation round itself is at 0); ``ramp = 0`` is a step
+    to 1 at ``start``. Ablations: ``always`` = 1 from round 0, ``off`` = 0 always."""
+    if mode == "always":
+        return 1.0
+    if mode == "off":
+        return 0.0
+    if mode != "progressive":
+        raise ValueError(f"unknown fusion mode {mode!r}")
+    if server_round < start:
+        return 0.0
+    if ramp <= 0:
+        return 1.0
+    return float(min(1.0, (server_round - start + 1) / ramp))
+
+
+def ema_update(teacher: Sequence[np.ndarray], student: Sequence[np.ndarray], decay: float) -> list[np.ndarray]:
+    """EMA teacher update ``theta_T <- decay * theta_T + (1 - decay) * theta_k``, array by array, computed
+    in float64 and returned in the teacher's dtype. Summary: the EMA teacher "compresses the client's
+    retained shared-model states across rounds into one exponentially time-weighted summary, without
+    storing the full sequence of historical models"."""
+    if not 0.0 <= decay <= 1.0:
+        raise ValueError(f"EMA decay must be in [0, 1], got {decay}")
+    out = []
+    for t, s in zip(teacher, student, strict=True):
+        t = np.asarray(t)
+        s = np.asarray(s)
+        if t.shape != s.shape:
+            raise ValueError(f"EMA teacher array shape {t.shape} != student shape {s.shape}")
+        mixed = decay * t.astype(np.float64) + (1.0 - decay) * s.astype(np.float64)
+        out.append(mixed.astype(t.dtype))
+    return out
