@@ -21,12 +21,13 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord, Context
 from flwr.client import NumPyClient
 
-from fedpers.config import Config
+from fedpers.config import Config, parse_id_list
 from fedpers.errors import ClientUpdateError
 from fedpers.federation import get_federation
 from fedpers.models import Part, build_model, get_arrays, set_arrays
 from fedpers.registry import get_method
 from fedpers.training import evaluate, resolve_device, seed_everything, sgd, train_epochs
+from fedpers.validation import corrupt_update
 
 STATE_PREFIX = "fedpers."
 
@@ -73,6 +74,7 @@ class FedPersClient(NumPyClient):
         self.model = build_model(federation.input_shape, federation.num_classes, feature_dim=cfg.feature_dim,
                                  dropout=cfg.dropout, seed=cfg.seed,
                                  kind=get_method(cfg.method).model).to(self.device)
+        self._faulty = set(parse_id_list(cfg.faulty_clients))
         # The persistent part's initial value (phi_k^0): the seeded init, identical on every client.
         self._initial_personal = get_arrays(self.model, self.persistent_part) if self.persistent_part else None
 
@@ -143,7 +145,10 @@ class FedPersClient(NumPyClient):
             personal = get_arrays(self.model, self.persistent_part)
             self.save_state("personal", personal)
             metrics["state_digest"] = arrays_digest(personal)
-        return get_arrays(self.model, self.upload_part), len(self.data.train), metrics
+        upload = get_arrays(self.model, self.upload_part)
+        if self.partition_id in self._faulty:
+            upload = corrupt_update(upload, self.cfg.fault, np.random.default_rng([self.cfg.seed, server_round]))
+        return upload, len(self.data.train), metrics
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
         """Accuracy of this client's personalized model on its own test split."""

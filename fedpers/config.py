@@ -64,6 +64,19 @@ def _one_of(*choices: str) -> Callable[[str], str | None]:
     return check
 
 
+def _id_list(v: str) -> str | None:
+    try:
+        ids = parse_id_list(v)
+    except ValueError:
+        return "must be comma-separated non-negative integers, e.g. '0,3'"
+    return None if all(i >= 0 for i in ids) else "must be comma-separated non-negative integers"
+
+
+def parse_id_list(text: str) -> list[int]:
+    """``"1, 3"`` -> ``[1, 3]``; ``""`` -> ``[]``."""
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
 def _method_check(v: str) -> str | None:
     from fedpers.registry import METHODS  # local import: the registry imports nothing heavy
 
@@ -111,6 +124,22 @@ KEYS: tuple[Key, ...] = (
     Key("client_gpus", float, 0.0, "GPUs per simulated client, fractional allowed (Ray resources)",
         _non_negative),
     Key("out_dir", str, "results/latest", "where metrics.jsonl and summary.json are written"),
+    # --- robustness --------------------------------------------------------------------------------
+    Key("aggregation", str, "mean",
+        "rule for the shared part: mean (sample-weighted) | median | trimmed_mean (coordinate-wise)",
+        _one_of("mean", "median", "trimmed_mean")),
+    Key("trim_fraction", float, 0.1, "share cut from each end by aggregation=trimmed_mean",
+        lambda v: None if 0 <= v < 0.5 else "must be in [0, 0.5)"),
+    Key("max_update_samples", int, 0,
+        "reject updates claiming more samples than this; 0 = the client's train size in the split",
+        _non_negative),
+    Key("min_fit_updates", int, 1, "a round with fewer valid updates stops the run with an error",
+        _at_least_one),
+    Key("faulty_clients", str, "",
+        "fault injection: comma-separated partition ids whose updates are corrupted (robustness studies)",
+        _id_list),
+    Key("fault", str, "nan", "what faulty_clients send: nan (NaN arrays) | noise (update + N(0, 10^2))",
+        _one_of("nan", "noise")),
     # --- pFedKDH (also FedProx's mu) ------------------------------------------------------------
     Key("variant", str, "fair", "pFedKDH evaluation variant: fair | ea", _one_of("fair", "ea")),
     Key("temperature", float, 3.0, "pFedKDH distillation temperature T (ours)", _positive),

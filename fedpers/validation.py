@@ -40,3 +40,32 @@ def weighted_average(updates: Sequence[tuple[Sequence[np.ndarray], int]]) -> lis
         for acc, a in zip(out, arrays, strict=True):
             acc += w * np.asarray(a, dtype=np.float64)
     return [o.astype(np.asarray(a).dtype) for o, a in zip(out, first)]
+
+
+def aggregate_updates(updates: Sequence[tuple[Sequence[np.ndarray], int]], rule: str = "mean",
+                      trim_fraction: float = 0.1) -> list[np.ndarray]:
+    """Aggregate the shared part: ``mean`` = :func:`weighted_average` (FedAvg / pFedKDH Eq. 4);
+    ``median`` and ``trimmed_mean`` = Flower's coordinate-wise median (Yin et al. 2018) and trimmed mean
+    (``trim_fraction`` cut from each end), which bound the influence of a minority of hostile clients."""
+    if rule == "mean":
+        return weighted_average(updates)
+    from flwr.server.strategy.aggregate import aggregate_median, aggregate_trimmed_avg
+
+    lists = [([np.asarray(a) for a in arrays], n) for arrays, n in updates]
+    if rule == "median":
+        out = aggregate_median(lists)
+    elif rule == "trimmed_mean":
+        out = aggregate_trimmed_avg(lists, trim_fraction)
+    else:
+        raise ValueError(f"unknown aggregation rule '{rule}'")
+    return [np.asarray(o, dtype=np.asarray(a).dtype) for o, a in zip(out, lists[0][0])]
+
+
+def corrupt_update(arrays: Sequence[np.ndarray], fault: str, rng: np.random.Generator) -> list[np.ndarray]:
+    """Fault injection for robustness studies: ``nan`` fills the arrays with NaN; ``noise`` adds
+    N(0, 10^2) to every entry (a finite but hostile update)."""
+    if fault == "nan":
+        return [np.full_like(a, np.nan) for a in arrays]
+    if fault == "noise":
+        return [(a + rng.normal(0.0, 10.0, size=a.shape)).astype(a.dtype) for a in arrays]
+    raise ValueError(f"unknown fault '{fault}'")

@@ -44,7 +44,7 @@ from fedpers.progress import format_round_line
 from fedpers.registry import get_method
 from fedpers.results import ResultsWriter
 from fedpers.training import evaluate, resolve_device
-from fedpers.validation import update_problem, weighted_average
+from fedpers.validation import aggregate_updates, update_problem
 
 PERSONAL_ACC_PREFIX = "acc_"  # extra client metrics "acc_<name>" become "personalized_macro_acc_<name>"
 
@@ -129,7 +129,7 @@ class FedPersStrategy(FedAvg):
             except Exception as exc:  # undecodable payload
                 arrays, problem = [], f"undecodable arrays ({type(exc).__name__})"
             else:
-                problem = update_problem(arrays, self.upload_shapes, res.num_examples)
+                problem = update_problem(arrays, self.upload_shapes, res.num_examples, self._max_samples(pid))
             if problem:
                 self._round["rejected"] += 1
                 log(WARNING, "round %d: rejected update from client %s (node %s): %s",
@@ -144,12 +144,12 @@ class FedPersStrategy(FedAvg):
         for failure in failures:
             self._round["failures"] += 1
             log(WARNING, "round %d: a client failed during fit: %s", server_round, _describe_failure(failure))
-        if not valid:
+        if len(valid) < self.cfg.min_fit_updates:
             raise FedpersError(
-                f"round {server_round}: no valid client update to aggregate "
-                f"({self._round['rejected']} rejected, {self._round['failures']} failed)"
+                f"round {server_round}: {len(valid)} valid client updates, fewer than min_fit_updates="
+                f"{self.cfg.min_fit_updates} ({self._round['rejected']} rejected, {self._round['failures']} failed)"
             )
-        self.apply_aggregate(server_round, weighted_average(valid))
+        self.apply_aggregate(server_round, aggregate_updates(valid, self.cfg.aggregation, self.cfg.trim_fraction))
         return ndarrays_to_parameters(self.download_arrays()), {}
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
@@ -204,6 +204,12 @@ class FedPersStrategy(FedAvg):
     # --- helpers ----------------------------------------------------------------------------------
     def _is_eval_round(self, server_round: int) -> bool:
         return server_round > 0 and (server_round % self.cfg.eval_every == 0 or server_round == self.cfg.rounds)
+
+    def _max_samples(self, pid: Any) -> int | None:
+        """Largest plausible sample count of an update: the config bound, else the client's train size."""
+        if self.cfg.max_update_samples > 0:
+            return self.cfg.max_update_samples
+        return len(self.federation.partition.train[pid]) if isinstance(pid, int) else None
 
     def _proxies_by_partition(self, client_manager: ClientManager, server_round: int) -> dict[int, ClientProxy]:
         """Map partition id -> ClientProxy, asking each newly seen node its partition id once."""
