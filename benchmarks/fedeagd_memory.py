@@ -1,0 +1,209 @@
+"""Peak resident memory of a 100-client FedEAGD run (per-client EMA teachers) in Ray simulation.
+
+Runs ``fedpers run`` on scikit-learn digits with ``--clients`` clients (Dirichlet(1.0) split, no Ds, full
+participation), samples the whole process tree (driver, Ray's GCS/raylet, the client actors) from
+``/proc`` every ``--interval`` seconds, and reports the peak of
+
+* the summed RSS of the tree (shared pages counted once per process, an upper bound),
+* the summed PSS of the tree (shared pages split between the processes that map them),
+* the driver's RSS (Flower's simulation engine keeps every client's ``context.state`` in this process),
+  split into its private heap (``RssAnon``) and shared memory (``RssShmem``: pages of Ray's object store
+  that the driver wrote messages into),
+
+next to the size of the per-client state the method keeps (EMA teacher + head + residual per client).
+With ``--baseline fedper`` (default) the same run is repeated with FedPer (same data, the foundation's
+CNN, a private head and no teacher), so the difference shows what the teachers cost. Writes
+``benchmarks/results/fedeagd_memory.md`` and ``.json``.
+
+    python benchmarks/fedeagd_memory.py --clients 100 --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        kids.setdefault(ppid, []).append(int(entry))
+    return kids
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and all its descendants."""
+    kids = _children()
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(kids.get(pid, []))
+    return out
+
+
+def rss_pss(pid: int) -> tuple[int, int]:
+    """(RSS, PSS) of ``pid`` in bytes (0, 0 when it has gone)."""
+    try:
+        rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+        pss = 0
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                pss = int(line.split()[1]) * 1024
+                break
+        return rss, pss
+    except (OSError, ValueError, IndexError):
+        return 0, 0
+
+
+def status_kb(pid: int, *fields: str) -> list[int]:
+    """Fields of /proc/PID/status in bytes (``RssAnon``: private heap, ``RssShmem``: shared memory)."""
+    out = dict.fromkeys(fields, 0)
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            name = line.split(":", 1)[0]
+            if name in out:
+                out[name] = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return [out[f] for f in fields]
+
+
+class Sampler(threading.Thread):
+    """Samples the process tree of ``pid`` until stopped; keeps the peaks."""
+
+    def __init__(self, pid: int, interval: float):
+        super().__init__(daemon=True)
+        self.pid, self.interval = pid, interval
+        self.peak = {"tree_rss": 0, "tree_pss": 0, "driver_rss": 0, "driver_anon": 0, "driver_shmem": 0,
+                     "processes": 0}
+        self.samples = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:  # noqa: D102
+        while not self.stop.is_set():
+            pids = process_tree(self.pid)
+            values = [rss_pss(p) for p in pids]
+            now = {"tree_rss": sum(r for r, _ in values), "tree_pss": sum(p for _, p in values),
+                   "driver_rss": rss_pss(self.pid)[0], "processes": len(pids)}
+            now["driver_anon"], now["driver_shmem"] = status_kb(self.pid, "RssAnon", "RssShmem")
+            for k, v in now.items():
+                self.peak[k] = max(self.peak[k], v)
+            self.samples += 1
+            self.stop.wait(self.interval)
+
+
+def state_bytes(method: str, clients: int, feature_dim: int) -> dict[str, int]:
+    """Bytes of the per-client state ``method`` keeps (fp32), per client and for all clients."""
+    from fedpers.models import build_model, parameter_count
+    from fedpers.registry import get_method
+
+    model = build_model((1, 8, 8), 10, feature_dim=feature_dim, kind=get_method(method).model)
+    personal = parameter_count(model, "personal") * 4
+    teacher = parameter_count(model, "backbone") * 4 if method == "fedeagd" else 0
+    return {"personal_per_client": personal, "teacher_per_client": teacher,
+            "state_per_client": personal + teacher, "state_all_clients": clients * (personal + teacher)}
+
+
+def measure(method: str, args: argparse.Namespace) -> dict:
+    out = Path(args.out) / f"{method}_k{args.clients}"
+    cmd = [sys.executable, "-m", "fedpers.cli", "run", "--out", str(out),
+           "--set", f"method={method}", "--set", "dataset=digits", "--set", "partition=dirichlet", "--set", "alpha=1.0",
+           "--set", f"num_clients={args.clients}", "--set", "fraction_fit=1.0", "--set", "aux_size=0",
+           "--set", f"rounds={args.rounds}", "--set", f"eval_every={args.rounds}", "--set", "local_epochs=1",
+           "--set", "batch_size=32", "--set", "lr=0.05", "--set", "min_samples_per_client=2",
+           "--set", f"feature_dim={args.feature_dim}", "--set", "device=cpu", "--set", f"seed={args.seed}"]
+    print("$", " ".join(cmd), flush=True)
+    env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True)
+    sampler = Sampler(proc.pid, args.interval)
+    sampler.start()
+    try:
+        rc = proc.wait(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)  # the run's own session: only what this script started
+        proc.wait()
+        rc = "timeout"
+    finally:
+        sampler.stop.set()
+        sampler.join()
+    if rc != 0:
+        raise SystemExit(f"{method} run failed ({rc})")
+    summary = json.loads((out / "summary.json").read_text())
+    return {"method": method, "clients": args.clients, "rounds": args.rounds, "wall_seconds":
+            time.perf_counter() - start, "samples": sampler.samples, **{f"peak_{k}": v for k, v in sampler.peak.items()},
+            **state_bytes(method, args.clients, args.feature_dim),
+            "final_personalized_macro_acc": summary["final"].get("personalized_macro_acc")}
+
+
+def mb(n: int) -> str:
+    return f"{n / 1e6:,.1f}"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--clients", type=int, default=100)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--feature-dim", type=int, default=512)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--baseline", default="fedper", help="method to compare with ('' = none)")
+    p.add_argument("--interval", type=float, default=0.5)
+    p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument("--out", default=str(HERE / "results" / "fedeagd_memory_runs"))
+    p.add_argument("--name", default="fedeagd_memory", help="report name under benchmarks/results/")
+    args = p.parse_args()
+
+    rows = [measure("fedeagd", args)] + ([measure(args.baseline, args)] if args.baseline else [])
+    cmdline = "python benchmarks/fedeagd_memory.py " + " ".join(sys.argv[1:])
+    lines = [
+        f"# Peak resident memory, {args.clients} clients, digits (Dirichlet 1.0), {args.rounds} rounds, Ray simulation",
+        "",
+        f"Command: `{cmdline.strip()}`. Sampled from /proc every {args.interval} s over the whole process tree",
+        "(driver + Ray GCS/raylet + client actors). RSS sums count shared pages once per process; PSS splits",
+        "them. MB = 10^6 bytes. Per-client state = what `context.state` holds for one client (fp32 arrays).",
+        "",
+        "| method | per-client state | all clients' state | peak driver RSS | driver heap (RssAnon) | driver shmem (RssShmem) | peak tree PSS | peak tree RSS | processes | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['method']} | {mb(r['state_per_client'])} MB | {mb(r['state_all_clients'])} MB | "
+                     f"{mb(r['peak_driver_rss'])} MB | {mb(r['peak_driver_anon'])} MB | {mb(r['peak_driver_shmem'])} MB | "
+                     f"{mb(r['peak_tree_pss'])} MB | {mb(r['peak_tree_rss'])} MB | "
+                     f"{r['peak_processes']} | {r['wall_seconds']:.0f} |")
+    if len(rows) == 2:
+        a, b = rows
+        lines += ["", f"Difference {a['method']} - {b['method']}: driver RSS {mb(a['peak_driver_rss'] - b['peak_driver_rss'])} MB "
+                  f"(heap {mb(a['peak_driver_anon'] - b['peak_driver_anon'])} MB, shmem "
+                  f"{mb(a['peak_driver_shmem'] - b['peak_driver_shmem'])} MB), "
+                  f"tree PSS {mb(a['peak_tree_pss'] - b['peak_tree_pss'])} MB; difference in kept state "
+                  f"{mb(a['state_all_clients'] - b['state_all_clients'])} MB."]
+    text = "\n".join(lines) + "\n"
+    results = HERE / "results"
+    results.mkdir(exist_ok=True)
+    (results / f"{args.name}.md").write_text(text)
+    (results / f"{args.name}.json").write_text(json.dumps({"command": cmdline.strip(), "rows": rows}, indent=2))
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
