@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord, Context
 from flwr.client import NumPyClient
 
+from fedpers.cluster import node_identity
 from fedpers.config import Config, parse_id_list
 from fedpers.errors import ClientUpdateError
 from fedpers.federation import get_federation
@@ -140,7 +141,8 @@ class FedPersClient(NumPyClient):
         generator = seed_everything(self.cfg.seed, server_round, self.partition_id, 1)
         self.prepare(parameters)
         loss = self.train(generator)
-        metrics: dict[str, Any] = {"train_loss": float(loss), "partition_id": self.partition_id}
+        metrics: dict[str, Any] = {"train_loss": float(loss), "partition_id": self.partition_id,
+                                   "node": node_identity()}
         if self.persistent_part:
             personal = get_arrays(self.model, self.persistent_part)
             self.save_state("personal", personal)

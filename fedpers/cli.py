@@ -51,6 +51,11 @@ def preflight(cfg: Config) -> None:
 
     resolve_device(cfg.device)
     fed = get_federation(cfg)
+    if cfg.ray_address:
+        from fedpers.cluster import check_data_on_nodes
+
+        nodes = check_data_on_nodes(cfg)
+        print(f"fedpers | Ray cluster {cfg.ray_address}: {nodes} nodes can read the data", flush=True)
     sizes = [len(t) for t in fed.partition.train]
     print(f"fedpers | {cfg.method} on {fed.dataset.name}: {fed.num_clients} clients "
           f"({min(sizes)}-{max(sizes)} train samples each), |Ds|={len(fed.partition.aux)}, "

@@ -123,6 +123,8 @@ KEYS: tuple[Key, ...] = (
     Key("client_cpus", float, 1.0, "CPUs per simulated client (Ray resources)", _positive),
     Key("client_gpus", float, 0.0, "GPUs per simulated client, fractional allowed (Ray resources)",
         _non_negative),
+    Key("ray_address", str, "",
+        "join this Ray cluster (HEAD_IP:PORT, see README) instead of starting a private local Ray"),
     Key("out_dir", str, "results/latest", "where metrics.jsonl and summary.json are written"),
     # --- robustness --------------------------------------------------------------------------------
     Key("aggregation", str, "mean",

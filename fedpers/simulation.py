@@ -25,10 +25,14 @@ os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
 
 
 def backend_config(cfg: Config) -> dict:
-    """Ray backend settings: per-client CPU/GPU resources (fractional GPUs allowed)."""
+    """Ray backend settings: per-client CPU/GPU resources (fractional GPUs allowed) and, with
+    ``ray_address``, the cluster to join."""
+    init_args: dict = {"logging_level": "ERROR", "log_to_driver": True}
+    if cfg.ray_address:
+        init_args["address"] = cfg.ray_address  # join an existing cluster instead of starting Ray
     return {
         "client_resources": {"num_cpus": cfg.client_cpus, "num_gpus": cfg.client_gpus},
-        "init_args": {"logging_level": "ERROR", "log_to_driver": True},
+        "init_args": init_args,
     }
 
 

@@ -105,8 +105,7 @@ class FedPersStrategy(FedAvg):
     def configure_fit(self, server_round: int, parameters: Parameters,
                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
         """Sample ``round(fraction_fit * K)`` clients by partition id with a per-round seeded RNG."""
-        self._round = {"start": time.perf_counter(), "bytes_up": 0, "bytes_down": 0, "losses": [],
-                       "rejected": 0, "failures": 0, "fit_clients": []}
+        self.start_round()
         proxies = self._proxies_by_partition(client_manager, server_round)
         k = self.federation.num_clients
         m = max(1, int(round(self.cfg.fraction_fit * k)))
@@ -136,6 +135,8 @@ class FedPersStrategy(FedAvg):
                     server_round, pid, proxy.cid, problem)
                 continue
             valid.append((arrays, int(res.num_examples)))
+            if isinstance(pid, int) and "node" in res.metrics:
+                self._round["fit_nodes"][str(pid)] = str(res.metrics["node"])
             loss = res.metrics.get("train_loss")
             if isinstance(loss, (int, float)) and math.isfinite(loss):
                 self._round["losses"].append((float(loss), int(res.num_examples)))
@@ -202,6 +203,11 @@ class FedPersStrategy(FedAvg):
         return loss, {"personalized_macro_acc": _mean(per_client.values())}
 
     # --- helpers ----------------------------------------------------------------------------------
+    def start_round(self) -> None:
+        """Reset the per-round counters (called by configure_fit)."""
+        self._round = {"start": time.perf_counter(), "bytes_up": 0, "bytes_down": 0, "losses": [],
+                       "rejected": 0, "failures": 0, "fit_clients": [], "fit_nodes": {}}
+
     def _is_eval_round(self, server_round: int) -> bool:
         return server_round > 0 and (server_round % self.cfg.eval_every == 0 or server_round == self.cfg.rounds)
 
@@ -234,11 +240,13 @@ class FedPersStrategy(FedAvg):
             "global_acc": r.get("global_acc"),
             "personalized_macro_acc": _mean(per_client.values()) if per_client else None,
             "per_client_acc": {str(k): v for k, v in sorted(per_client.items())} if per_client else None,
+            "evaluated_clients": len(per_client) if per_client else 0,
             "train_loss": sum(l * c for l, c in losses) / n if n else None,
             "bytes_up": r.get("bytes_up", 0),
             "bytes_down": r.get("bytes_down", 0),
             "round_seconds": time.perf_counter() - r.get("start", time.perf_counter()),
             "fit_clients": r.get("fit_clients", []),
+            "fit_nodes": r.get("fit_nodes", {}),  # partition id -> node that trained it (Ray node id / host)
             "rejected_updates": r.get("rejected", 0),
             "failed_clients": r.get("failures", 0),
             **extras,

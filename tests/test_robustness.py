@@ -31,8 +31,7 @@ CFG = build_config(tiny_overrides(method="fedavg", feature_dim=8))
 def make_strategy(**changes):
     cfg = CFG.replace(**changes) if changes else CFG
     strategy = FedAvgStrategy(cfg, get_federation(cfg))
-    strategy._round = {"start": time.perf_counter(), "bytes_up": 0, "bytes_down": 0, "losses": [],
-                       "rejected": 0, "failures": 0, "fit_clients": []}
+    strategy.start_round()
     for pid in range(cfg.num_clients):
         strategy.partition_of[f"node{pid}"] = pid
     return strategy

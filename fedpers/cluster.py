@@ -1,0 +1,162 @@
+"""Running the Ray simulation on an existing (multi-host) Ray cluster.
+
+With ``ray_address`` set, Flower's Ray backend joins that cluster instead of starting a private Ray.
+Client data is not shipped by the driver: every simulated client loads the dataset itself, from the
+same path on whatever node its Ray actor runs (so the path must be readable on every node; checked up
+front by :func:`check_data_on_nodes`). Per-client state (``context.state``: persistent heads, EMA teachers,
+...) is held by Flower's simulation engine in the driver process and travels with each message to the
+actor that handles it and back, so it stays correct when a client runs on different nodes in
+different rounds.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from fedpers.config import Config
+from fedpers.errors import DataError
+
+
+def node_identity() -> str:
+    """Where this code runs: the Ray node id inside a Ray worker, else the host name."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.get_runtime_context().get_node_id()
+    except Exception:  # noqa: BLE001 - identity is informational
+        pass
+    return socket.gethostname()
+
+
+def data_paths(cfg: Config) -> list[str]:
+    """Paths every node must be able to read for this run (none for embedded datasets)."""
+    if cfg.dataset.endswith(".npz") or os.sep in cfg.dataset:
+        paths = [os.path.abspath(cfg.dataset)]
+    elif cfg.dataset != "digits" and cfg.data_dir:
+        paths = [os.path.abspath(cfg.data_dir)]
+    else:
+        paths = []
+    if cfg.partition == "file":
+        paths.append(os.path.abspath(cfg.partition_file))
+    return paths
+
+
+def _readable(paths: list[str]) -> tuple[str, str, list[str]]:
+    import ray
+
+    missing = [p for p in paths if not os.access(p, os.R_OK)]
+    return ray.get_runtime_context().get_node_id(), socket.gethostname(), missing
+
+
+def check_data_on_nodes(cfg: Config, timeout_s: float = 120.0) -> int:
+    """Connect to ``cfg.ray_address``, run a tiny task pinned to every alive node that checks the run's
+    data paths, disconnect. Returns the number of alive nodes; a node that cannot read a path is a
+    DataError naming the node and the path. ``timeout_s`` bounds the wait for a node to answer."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    paths = data_paths(cfg)
+    ray.init(address=cfg.ray_address, logging_level="ERROR", log_to_driver=False)
+    try:
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        probe = ray.remote(num_cpus=0)(_readable)
+        futures = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
+                   .remote(paths) for n in nodes]
+        for node, future in zip(nodes, futures):
+            try:
+                _, host, missing = ray.get(future, timeout=timeout_s)
+            except Exception as exc:  # noqa: BLE001 - report which node did not answer
+                raise DataError(f"Ray node {node['NodeManagerAddress']} ({node['NodeID'][:8]}) did not "
+                                f"answer the data check ({type(exc).__name__})") from None
+            if missing:
+                raise DataError(f"Ray node {node['NodeManagerAddress']} ({host}) cannot read {missing[0]}: "
+                                "put the data at the same path on every node")
+        return len(nodes)
+    finally:
+        ray.shutdown()
+
+
+class LocalRayCluster:
+    """A Ray cluster of ``num_nodes`` nodes as separate ``ray start --block`` processes on 127.0.0.1
+    (for tests and benchmarks on one machine). Every process group it starts is killed by PID on
+    :meth:`stop`; it never runs ``ray stop``, which would end every Ray on the machine."""
+
+    def __init__(self, num_nodes: int = 2, cpus_per_node: int = 1, port: int | None = None,
+                 start_timeout_s: float = 90.0):
+        import subprocess
+        import sys
+        import tempfile
+        import time
+
+        self.port = port or _free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self._tmp = tempfile.mkdtemp(prefix="fedpers-ray-")
+        self.processes: list[subprocess.Popen] = []
+        ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+        env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+        common = ["--block", "--num-cpus", str(cpus_per_node), "--node-ip-address", "127.0.0.1",
+                  "--disable-usage-stats"]
+        try:
+            self._start([ray_cli, "start", "--head", "--port", str(self.port), "--include-dashboard", "false",
+                         "--temp-dir", self._tmp, *common], env, "head")
+            self._wait_for_nodes(1, start_timeout_s)
+            for i in range(1, num_nodes):
+                self._start([ray_cli, "start", "--address", self.address, *common], env, f"worker{i}")
+            self._wait_for_nodes(num_nodes, start_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        self._started = time.time()
+
+    def _start(self, cmd: list[str], env: dict, name: str) -> None:
+        import subprocess
+
+        log = open(os.path.join(self._tmp, f"{name}.log"), "w")
+        self.processes.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                               start_new_session=True))
+
+    def _wait_for_nodes(self, count: int, timeout_s: float) -> None:
+        import subprocess
+        import sys
+        import time
+
+        probe = ("import ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR'); "
+                 "print(sum(1 for n in ray.nodes() if n['Alive'])); ray.shutdown()")
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if any(p.poll() is not None for p in self.processes):
+                raise RuntimeError(f"a Ray node exited at start-up (logs in {self._tmp})")
+            out = subprocess.run([sys.executable, "-c", probe, self.address], capture_output=True, text=True)
+            if out.returncode == 0 and out.stdout.strip().isdigit() and int(out.stdout.strip()) >= count:
+                return
+            time.sleep(2)
+        raise RuntimeError(f"Ray cluster did not reach {count} nodes in {timeout_s:.0f} s (logs in {self._tmp})")
+
+    def kill_node(self, index: int) -> None:
+        """SIGKILL node ``index`` (0 = head) and everything it started."""
+        import signal
+
+        try:
+            os.killpg(self.processes[index].pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.processes[index].wait(timeout=30)
+
+    def stop(self) -> None:
+        """Kill every node's process group, workers first."""
+        for index in reversed(range(len(self.processes))):
+            self.kill_node(index)
+
+    def __enter__(self) -> "LocalRayCluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
