@@ -21,8 +21,16 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROWS = [  # label, run name, method, extra --set, metric read from summary["final"]
+# The summary's ablation costs (points) on CIFAR-100 Pathological / CIFAR-10 Practical, for reference.
+SUMMARY_ABLATION = {"fedeagd_noteacher": "-1.26 / -1.09", "fedeagd_fixed": "-0.74 / -0.64",
+                    "fedeagd_fusion_always": "-0.51 / -0.43 (\"disabling\" fusion)",
+                    "fedeagd_fusion_off": "-0.51 / -0.43 (\"disabling\" fusion)"}
+ROWS = [  # label, run name, method, extra --set, metric read from summary["final"]; main comparison first
     ("FedEAGD", "fedeagd", "fedeagd", [], "personalized_macro_acc"),
+    ("pFedKDH-Fair", "pfedkdh", "pfedkdh", ["variant=ea"], "personalized_macro_acc_fair"),
+    ("pFedKDH-EA", "pfedkdh", "pfedkdh", ["variant=ea"], "personalized_macro_acc"),
+    ("FedPer", "fedper", "fedper", [], "personalized_macro_acc"),
+    ("FedAvg", "fedavg", "fedavg", [], "global_acc"),
     ("FedEAGD w/o historical teacher", "fedeagd_noteacher", "fedeagd", ["fedeagd_teacher=false"],
      "personalized_macro_acc"),
     ("FedEAGD fixed coefficient 0.50", "fedeagd_fixed", "fedeagd",
@@ -31,10 +39,6 @@ ROWS = [  # label, run name, method, extra --set, metric read from summary["fina
      ["fedeagd_fusion=always"], "personalized_macro_acc"),
     ("FedEAGD w/o progressive fusion (residual off)", "fedeagd_fusion_off", "fedeagd",
      ["fedeagd_fusion=off"], "personalized_macro_acc"),
-    ("pFedKDH-Fair", "pfedkdh", "pfedkdh", ["variant=ea"], "personalized_macro_acc_fair"),
-    ("pFedKDH-EA", "pfedkdh", "pfedkdh", ["variant=ea"], "personalized_macro_acc"),
-    ("FedPer", "fedper", "fedper", [], "personalized_macro_acc"),
-    ("FedAvg", "fedavg", "fedavg", [], "global_acc"),
 ]
 
 
@@ -103,14 +107,18 @@ def main() -> None:
         "The summary gives no MNIST figures (it says most personalized methods exceed 99% there).",
         *([f"Set for every run: {', '.join(args.extra)}."] if args.extra else []),
         "",
-        "| method | accuracy % | s/round | wall s | shared params | fit bytes/client/round (up+down) |",
-        "|---|---|---|---|---|---|",
+        "| method | accuracy % | vs FedEAGD | summary's ablation cost (CIFAR-100 Path. / CIFAR-10 Pract.) | "
+        "s/round | wall s | shared params | fit bytes/client/round (up+down) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    ref = next((r["acc"] for r in table if r["run"] == "fedeagd"), None)
     for r in table:
+        delta = "" if ref is None or r["acc"] is None or r["run"] == "fedeagd" else f"{r['acc'] - ref:+.2f}"
         acc = "n/a" if r["acc"] is None else f"{r['acc']:.2f}"
         params = "" if r["shared_params"] is None else f"{r['shared_params']:,}"
         comm = "" if r["fit_bytes_per_client_bidirectional"] is None else f"{r['fit_bytes_per_client_bidirectional']:,}"
-        lines.append(f"| {r['label']} | {acc} | {r['mean_round_seconds']:.1f} | {r['wall_seconds']:.0f} | "
+        lines.append(f"| {r['label']} | {acc} | {delta} | {SUMMARY_ABLATION.get(r['run'], '')} | "
+                     f"{r['mean_round_seconds']:.1f} | {r['wall_seconds']:.0f} | "
                      f"{params} | {comm} |")
     text = "\n".join(lines) + "\n"
     results = HERE / "results"
