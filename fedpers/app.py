@@ -36,7 +36,7 @@ def server_fn(context: Context) -> ServerAppComponents:
     """Build the method's Strategy, its results writer and the number of rounds."""
     cfg = config_of(context)
     federation = get_federation(cfg)
-    writer = ResultsWriter(cfg.out_dir)
+    writer = ResultsWriter(cfg.out_dir, tensorboard=cfg.tensorboard)
     save_partition(writer.out_dir / "partition.npz", federation.partition, dataset=Path(cfg.dataset).name,
                    num_train=len(federation.dataset.y_train), num_test=len(federation.dataset.y_test))
     strategy = get_method(cfg.method).strategy_class()(cfg, federation, writer)

@@ -3,6 +3,8 @@
     fedpers run CONFIG.yaml [--set key=value ...] [--out DIR]   one experiment in Flower's Ray simulation
     fedpers config [CONFIG.yaml] [--set key=value ...]          print the resolved, validated config
     fedpers methods                                             list the registered methods
+    fedpers sweep SWEEP.yaml --out DIR                          methods x datasets x alpha x seeds, resumable
+    fedpers report DIR                                          table.md/.csv and PNG figures of a sweep
 
 Bad input (unknown key, wrong type, missing data file, impossible split) prints one line
 ``fedpers: error: ...`` and exits with code 2, before any training starts.
@@ -30,6 +32,17 @@ def _parser() -> argparse.ArgumentParser:
                      help="override a config key (repeatable)")
     run.add_argument("--out", help="output directory (same as --set out_dir=DIR)")
     run.add_argument("--verbose", action="store_true", help="show Flower's and Ray's logs")
+    run.add_argument("--tensorboard", action="store_true", help="also write TensorBoard events to OUT/tensorboard")
+    sweep = sub.add_parser("sweep", help="run methods x datasets x alpha x seeds (resumable)")
+    sweep.add_argument("sweep", help="sweep YAML file (see fedpers/sweep.py)")
+    sweep.add_argument("--out", required=True, help="sweep directory")
+    sweep.add_argument("--tensorboard", action="store_true", help="TensorBoard events for every run")
+    sweep.add_argument("--dry-run", action="store_true", help="validate and list the runs, run nothing")
+    sweep.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a key of the sweep's base config for every run (repeatable)")
+    sweep.add_argument("--datasets", nargs="+", help="replace the sweep's dataset list")
+    rep = sub.add_parser("report", help="paper-style table.md/table.csv and PNG figures of a sweep")
+    rep.add_argument("dir", help="a `fedpers sweep` output directory")
     show = sub.add_parser("config", help="print the resolved config")
     show.add_argument("config", nargs="?")
     show.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
@@ -41,6 +54,8 @@ def _parser() -> argparse.ArgumentParser:
 def resolve(args: argparse.Namespace) -> Config:
     """Defaults <- YAML <- --set <- --out, validated."""
     extra = {"out_dir": args.out} if getattr(args, "out", None) else {}
+    if getattr(args, "tensorboard", False):
+        extra["tensorboard"] = True
     return load_config(args.config, args.sets, **extra)
 
 
@@ -91,6 +106,31 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """Run a sweep (skipping finished runs), then write its report."""
+    from fedpers.report import report
+    from fedpers.sweep import load_sweep, plan, run_sweep
+
+    sweep = load_sweep(args.sweep, args.sets, args.datasets)
+    if args.dry_run:
+        for run in plan(sweep, args.out):
+            print(run.run_dir)
+        return 0
+    failed = run_sweep(sweep, args.out, tensorboard=args.tensorboard)
+    for path in report(args.out):
+        print(f"sweep | wrote {path}")
+    return 1 if failed else 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Table and figures of a sweep directory."""
+    from fedpers.report import report
+
+    for path in report(args.dir):
+        print(f"report | wrote {path}")
+    return 0
+
+
 def cmd_methods(_: argparse.Namespace) -> int:
     """List the registry."""
     from fedpers.registry import METHODS
@@ -104,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``fedpers`` script."""
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     args = _parser().parse_args(argv)
-    handler = {"run": cmd_run, "config": cmd_config, "methods": cmd_methods}[args.command]
+    handler = {"run": cmd_run, "config": cmd_config, "methods": cmd_methods, "sweep": cmd_sweep, "report": cmd_report}[args.command]
     try:
         return handler(args)
     except FedpersError as exc:

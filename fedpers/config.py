@@ -126,6 +126,7 @@ KEYS: tuple[Key, ...] = (
     Key("ray_address", str, "",
         "join this Ray cluster (HEAD_IP:PORT, see README) instead of starting a private local Ray"),
     Key("out_dir", str, "results/latest", "where metrics.jsonl and summary.json are written"),
+    Key("tensorboard", bool, False, "also write each round's metrics as TensorBoard events in out_dir/tensorboard"),
     # --- robustness --------------------------------------------------------------------------------
     Key("aggregation", str, "mean",
         "rule for the shared part: mean (sample-weighted) | median | trimmed_mean (coordinate-wise)",

@@ -31,9 +31,14 @@ def _clean(value: Any) -> Any:
 class ResultsWriter:
     """Writes one run's results into ``out_dir``."""
 
-    def __init__(self, out_dir: str | os.PathLike):
+    def __init__(self, out_dir: str | os.PathLike, tensorboard: bool = False):
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.tensorboard = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tensorboard = SummaryWriter(log_dir=str(self.out_dir / "tensorboard"))
         self.metrics_path = self.out_dir / "metrics.jsonl"
         self.summary_path = self.out_dir / "summary.json"
         self.metrics_path.write_text("")  # a new run starts a new file
@@ -49,6 +54,12 @@ class ResultsWriter:
             f.write(json.dumps(_clean(record), sort_keys=False) + "\n")
             f.flush()
             os.fsync(f.fileno())
+        if self.tensorboard is not None:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "round" \
+                        and math.isfinite(value):
+                    self.tensorboard.add_scalar(key, value, global_step=record["round"])
+            self.tensorboard.flush()
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         """Write ``summary.json`` atomically."""

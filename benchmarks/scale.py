@@ -1,0 +1,102 @@
+"""Scale of the Ray simulation: 100 and 1,000 clients with 10% participation, pFedKDH and FedEAGD on MNIST.
+
+For each (method, clients) it runs ``fedpers run`` as a child process and samples the memory of the whole
+process tree (driver, Ray's GCS/raylet and the client actors) from /proc, and reports
+
+* seconds per round of the training-only rounds (every round but the last; the last one also evaluates
+  all clients, reported apart),
+* the peak summed RSS and PSS of the process tree and the driver's peak RSS (Flower's simulation engine
+  keeps every client's ``context.state`` in the driver).
+
+Clients get an IID split (1,000 clients hold ~55 MNIST images each; a Dirichlet split that small leaves
+clients empty), |Ds| = 5000 for pFedKDH, 1 local epoch.
+
+    python benchmarks/scale.py --data ../shared/data/mnist.npz --rounds 4
+
+Writes benchmarks/results/scale.md and .json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from proctree import Sampler  # noqa: E402
+
+
+def measure(method: str, clients: int, args: argparse.Namespace) -> dict:
+    out = Path(args.out) / f"{method}_k{clients}"
+    sets = {"method": method, "dataset": args.data, "partition": "iid", "num_clients": clients,
+            "fraction_fit": 0.1, "rounds": args.rounds, "eval_every": args.rounds, "local_epochs": 1,
+            "aux_size": 5000 if method == "pfedkdh" else 0, "min_samples_per_client": 1, "device": "cpu"}
+    cmd = [sys.executable, "-m", "fedpers.cli", "run", "--out", str(out)]
+    for k, v in sets.items():
+        cmd += ["--set", f"{k}={v}"]
+    print("$", " ".join(cmd), flush=True)
+    env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0")
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=HERE.parent, env=env, start_new_session=True)
+    sampler = Sampler(proc.pid, args.interval)
+    sampler.start()
+    try:
+        rc = proc.wait(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)  # only the run's own session
+        proc.wait()
+        rc = "timeout"
+    finally:
+        sampler.stop.set()
+        sampler.join()
+    if rc != 0:
+        return {"method": method, "clients": clients, "error": f"run failed ({rc})"}
+    rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train_only = [r["round_seconds"] for r in rounds[1:-1]] or [rounds[0]["round_seconds"]]
+    return {"method": method, "clients": clients, "sampled_per_round": len(rounds[0]["fit_clients"]),
+            "wall_seconds": time.perf_counter() - start, "round1_seconds": rounds[0]["round_seconds"],
+            "seconds_per_round": sum(train_only) / len(train_only),
+            "last_round_with_full_eval_seconds": rounds[-1]["round_seconds"],
+            "final_personalized_macro_acc": rounds[-1]["personalized_macro_acc"],
+            **{f"peak_{k}": v for k, v in sampler.peak.items()}}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default=str(HERE.parent.parent / "shared" / "data" / "mnist.npz"))
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--clients", type=int, nargs="+", default=[100, 1000])
+    p.add_argument("--methods", nargs="+", default=["pfedkdh", "fedeagd"])
+    p.add_argument("--interval", type=float, default=1.0)
+    p.add_argument("--timeout", type=float, default=3600)
+    p.add_argument("--out", default=str(HERE / "results" / "scale_runs"))
+    args = p.parse_args()
+    rows = [measure(m, k, args) for m in args.methods for k in args.clients]
+    gb = 1e9
+    lines = [f"# Scale: MNIST, IID, 10% participation, {args.rounds} rounds, 1 local epoch, CPU (2 cores)", "",
+             f"Command: `python benchmarks/scale.py --rounds {args.rounds}`. Memory sampled every {args.interval} s "
+             "over the whole process tree; RSS sums count shared pages once per process, PSS splits them.", "",
+             "| method | clients | sampled/round | s/round (training rounds) | round 1 s | last round (+eval of all) s | "
+             "peak tree PSS GB | peak tree RSS GB | peak driver RSS GB |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['method']} | {r['clients']} | {r['error']} |||||||")
+            continue
+        lines.append(f"| {r['method']} | {r['clients']} | {r['sampled_per_round']} | {r['seconds_per_round']:.1f} | "
+                     f"{r['round1_seconds']:.1f} | {r['last_round_with_full_eval_seconds']:.1f} | "
+                     f"{r['peak_tree_pss'] / gb:.2f} | {r['peak_tree_rss'] / gb:.2f} | {r['peak_driver_rss'] / gb:.2f} |")
+    text = "\n".join(lines) + "\n"
+    (HERE / "results").mkdir(exist_ok=True)
+    (HERE / "results" / "scale.md").write_text(text)
+    (HERE / "results" / "scale.json").write_text(json.dumps(rows, indent=2) + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

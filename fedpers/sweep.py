@@ -1,0 +1,189 @@
+"""Sweeps: the cross product methods x datasets x alpha x seeds, run one after another, resumable.
+
+A sweep file (YAML)::
+
+    base: {rounds: 50, local_epochs: 2}          # config keys shared by every run
+    datasets: [../shared/data/mnist.npz]
+    alphas: [0.05, 0.1, 0.5]
+    seeds: [0, 1, 2]
+    methods:
+      - fedavg                                    # label = method name, metric = the method's own
+      - {label: pFedKDH-Fair, method: pfedkdh, set: {variant: ea}, metric: personalized_macro_acc_fair}
+      - {label: pFedKDH-EA, method: pfedkdh, set: {variant: ea}}
+    ablation: false                               # true: `fedpers report` also draws the bar chart
+
+Rows that differ only in label/metric share their runs (pFedKDH-Fair and -EA come from one run).
+Every run's config is validated before the first run starts. A run whose ``summary.json`` exists is
+skipped, so an interrupted sweep resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedpers.config import build_config
+from fedpers.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class MethodEntry:
+    """One row of the paper-style table."""
+
+    label: str
+    method: str
+    set: dict[str, Any] = field(default_factory=dict)
+    metric: str | None = None  # None: the method's headline metric (summary["metric"])
+
+    @property
+    def run_key(self) -> str:
+        """Directory name shared by rows with the same method and overrides."""
+        extra = "".join(f"_{k}={v}" for k, v in sorted(self.set.items()))
+        return f"{self.method}{extra}".replace("/", "-")
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A parsed sweep file."""
+
+    methods: list[MethodEntry]
+    datasets: list[str]
+    alphas: list[float]
+    seeds: list[int]
+    base: dict[str, Any] = field(default_factory=dict)
+    ablation: bool = False
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One experiment of a sweep."""
+
+    run_key: str
+    dataset: str
+    alpha: float
+    seed: int
+    run_dir: str
+    overrides: dict[str, Any]
+
+
+def dataset_tag(dataset: str) -> str:
+    """Short name of a dataset (file stem for paths)."""
+    return Path(dataset).stem if dataset.endswith(".npz") else dataset
+
+
+def _as_list(raw: dict, key: str, path: Path) -> list:
+    value = raw.get(key)
+    if value is None:
+        raise ConfigError(f"sweep {path}: missing '{key}'")
+    return value if isinstance(value, list) else [value]
+
+
+def load_sweep(path: str | Path, sets: list[str] | None = None, datasets: list[str] | None = None) -> Sweep:
+    """Parse and validate a sweep file; ``sets`` (``key=value``) override its ``base`` and ``datasets``
+    its dataset list. Every run's config is checked by the config schema."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"sweep file not found: {p}")
+    try:
+        raw = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError:
+        raise ConfigError(f"sweep file {p} is not valid YAML") from None
+    unknown = set(raw) - {"base", "methods", "datasets", "alphas", "seeds", "ablation"}
+    if unknown:
+        raise ConfigError(f"sweep {p}: unknown entries {sorted(unknown)}")
+    methods = []
+    for item in _as_list(raw, "methods", p):
+        if isinstance(item, str):
+            methods.append(MethodEntry(item, item))
+        elif isinstance(item, dict) and "method" in item:
+            methods.append(MethodEntry(str(item.get("label", item["method"])), str(item["method"]),
+                                       dict(item.get("set") or {}), item.get("metric")))
+        else:
+            raise ConfigError(f"sweep {p}: a method entry must be a name or a mapping with 'method', got {item!r}")
+    from fedpers.config import parse_set_arguments
+
+    base = {**(raw.get("base") or {}), **parse_set_arguments(sets or [])}
+    sweep = Sweep(methods, [str(d) for d in (datasets or _as_list(raw, "datasets", p))],
+                  [float(a) for a in _as_list(raw, "alphas", p)], [int(s) for s in _as_list(raw, "seeds", p)],
+                  base, bool(raw.get("ablation", False)))
+    labels = [m.label for m in sweep.methods]
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"sweep {p}: method labels must be unique, got {labels}")
+    for run in plan(sweep, "/tmp/fedpers-sweep-check"):
+        try:
+            build_config(run.overrides)
+        except ConfigError as exc:
+            raise ConfigError(f"sweep {p}, run {run.run_key}/{dataset_tag(run.dataset)}: {exc}") from None
+    return sweep
+
+
+def plan(sweep: Sweep, out: str | Path) -> list[PlannedRun]:
+    """Every distinct run of the sweep, in a stable order."""
+    runs: dict[tuple, PlannedRun] = {}
+    for entry in sweep.methods:
+        for dataset in sweep.datasets:
+            for alpha in sweep.alphas:
+                for seed in sweep.seeds:
+                    run_dir = Path(out) / "runs" / entry.run_key / f"{dataset_tag(dataset)}_a{alpha:g}" / f"seed{seed}"
+                    overrides = {**sweep.base, "method": entry.method, **entry.set, "dataset": dataset,
+                                 "alpha": alpha, "seed": seed, "out_dir": str(run_dir)}
+                    key = (entry.run_key, dataset, alpha, seed)
+                    runs.setdefault(key, PlannedRun(entry.run_key, dataset, alpha, seed, str(run_dir), overrides))
+    return list(runs.values())
+
+
+def write_plan(sweep: Sweep, out: str | Path) -> Path:
+    """Save the sweep definition next to its runs (``sweep.json``), for ``fedpers report``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "sweep.json"
+    path.write_text(json.dumps({"sweep": asdict(sweep), "runs": [asdict(r) for r in plan(sweep, out)]}, indent=2))
+    return path
+
+
+def read_plan(out: str | Path) -> tuple[Sweep, list[PlannedRun]]:
+    """Inverse of :func:`write_plan`."""
+    path = Path(out) / "sweep.json"
+    if not path.is_file():
+        raise ConfigError(f"{out} holds no sweep.json: run `fedpers sweep` first")
+    raw = json.loads(path.read_text())
+    s = raw["sweep"]
+    sweep = Sweep([MethodEntry(**m) for m in s["methods"]], s["datasets"], s["alphas"], s["seeds"], s["base"],
+                  s["ablation"])
+    return sweep, [PlannedRun(**r) for r in raw["runs"]]
+
+
+def _eta(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def run_sweep(sweep: Sweep, out: str | Path, *, tensorboard: bool = False) -> list[PlannedRun]:
+    """Run every planned run that has no ``summary.json`` yet, each as its own ``fedpers run`` process
+    (so a failing run cannot take the sweep down). Returns the runs that failed."""
+    write_plan(sweep, out)
+    runs = plan(sweep, out)
+    todo = [r for r in runs if not (Path(r.run_dir) / "summary.json").exists()]
+    print(f"sweep | {len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to run -> {out}", flush=True)
+    failed: list[PlannedRun] = []
+    started = time.perf_counter()
+    for i, run in enumerate(todo, 1):
+        elapsed = time.perf_counter() - started
+        eta = elapsed / (i - 1) * (len(todo) - i + 1) if i > 1 else 0.0
+        print(f"sweep | run {i}/{len(todo)} | {run.run_key} {dataset_tag(run.dataset)} alpha={run.alpha:g} "
+              f"seed={run.seed} | elapsed {_eta(elapsed)} | ETA {_eta(eta)}", flush=True)
+        cmd = [sys.executable, "-m", "fedpers.cli", "run"]
+        for key, value in {**run.overrides, "tensorboard": tensorboard}.items():
+            cmd += ["--set", f"{key}={json.dumps(value) if isinstance(value, bool) else value}"]
+        if subprocess.run(cmd).returncode != 0:
+            failed.append(run)
+            print(f"sweep | run failed: {run.run_dir}", flush=True)
+    print(f"sweep | finished in {_eta(time.perf_counter() - started)}; {len(failed)} failed", flush=True)
+    return failed

@@ -1,0 +1,118 @@
+"""Sweeps (plan, validation, resume) and the paper-style report (table, figures), plus TensorBoard."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from fedpers.config import build_config
+from fedpers.errors import ConfigError
+from fedpers.report import report
+from fedpers.results import ResultsWriter
+from fedpers.sweep import load_sweep, plan, write_plan
+from tests.conftest import ROOT
+
+SWEEP = """
+base: {rounds: 2, num_clients: 3, aux_size: 50, feature_dim: 16, local_epochs: 1, fraction_fit: 1.0}
+datasets: [digits]
+alphas: [0.5, 1.0]
+seeds: [0, 1]
+methods:
+  - fedavg
+  - {label: pFedKDH-Fair, method: pfedkdh, set: {variant: ea}, metric: personalized_macro_acc_fair}
+  - {label: pFedKDH-EA, method: pfedkdh, set: {variant: ea}}
+ablation: true
+"""
+
+
+def fake_run(run, accs):
+    """Write the files a finished run leaves, with given per-round accuracies (fractions)."""
+    writer = ResultsWriter(run.run_dir)
+    for r, acc in enumerate(accs, 1):
+        writer.append_round({"round": r, "global_acc": acc - 0.1, "personalized_macro_acc": acc,
+                             "personalized_macro_acc_fair": acc - 0.05, "per_client_acc": {}, "train_loss": 1.0,
+                             "bytes_up": 1, "bytes_down": 1, "round_seconds": 1.0})
+    method = run.overrides["method"]
+    metric = "global_acc" if method == "fedavg" else "personalized_macro_acc"
+    writer.write_summary({"metric": metric, "final": {"global_acc": accs[-1] - 0.1,
+                                                      "personalized_macro_acc": accs[-1],
+                                                      "personalized_macro_acc_fair": accs[-1] - 0.05}})
+
+
+def test_plan_dedupes_rows_sharing_runs_and_validates(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(SWEEP)
+    sweep = load_sweep(path)
+    runs = plan(sweep, tmp_path / "out")
+    assert len(runs) == 2 * 2 * 2  # fedavg + one shared pfedkdh run, x 2 alphas x 2 seeds
+    assert len({r.run_dir for r in runs}) == len(runs)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(SWEEP.replace("local_epochs: 1", "local_epoch: 1"))
+    with pytest.raises(ConfigError, match="unknown config key 'local_epoch'"):
+        load_sweep(bad)
+    bad.write_text(SWEEP.replace("seeds: [0, 1]\n", ""))
+    with pytest.raises(ConfigError, match="missing 'seeds'"):
+        load_sweep(bad)
+
+
+def test_report_table_and_figures(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(SWEEP)
+    sweep = load_sweep(path)
+    out = tmp_path / "out"
+    write_plan(sweep, out)
+    for run in plan(sweep, out):
+        base = 0.9 if run.overrides["method"] == "pfedkdh" else 0.8
+        if run.alpha == 1.0 and run.seed == 1 and run.overrides["method"] == "fedavg":
+            continue  # an unfinished run is left out, not counted as zero
+        fake_run(run, [base - 0.2, base + 0.01 * run.seed])
+    files = report(out)
+    table = (out / "table.md").read_text()
+    # pFedKDH-EA: seeds give 90 and 91 -> 90.50 ± 0.50, best -> bold; Fair reads its own metric (-5)
+    assert "| pFedKDH-EA | **90.50±0.50** | **90.50±0.50** |" in table
+    assert "| pFedKDH-Fair | 85.50±0.50 |" in table
+    # fedavg's metric is global accuracy (acc - 10); alpha=1.0 has only seed 0
+    assert "| fedavg | 70.50±0.50 | 70.00±0.00 |" in table
+    csv_text = (out / "table.csv").read_text()
+    assert "digits_a0.5_mean" in csv_text and ",1\n" in csv_text
+    names = {p.name for p in files}
+    assert {"curves_digits_a0.5.png", "curves_digits_a1.png", "ablation_digits_a0.5.png"} <= names
+    assert all(p.stat().st_size > 1000 for p in files if p.suffix == ".png")
+
+
+def test_ready_sweep_files_are_valid():
+    files = sorted((ROOT / "configs" / "sweeps").glob("*.yaml"))
+    assert files
+    for f in files:
+        load_sweep(f)
+
+
+def test_tensorboard_events(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    writer = ResultsWriter(tmp_path, tensorboard=True)
+    for r in (1, 2):
+        writer.append_round({"round": r, "global_acc": 0.5 * r, "personalized_macro_acc": None,
+                             "per_client_acc": None, "train_loss": 1.0 / r, "bytes_up": 10, "bytes_down": 20,
+                             "round_seconds": 0.1})
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert [e.value for e in acc.Scalars("global_acc")] == [0.5, 1.0]
+    assert "personalized_macro_acc" not in acc.Tags()["scalars"]
+
+
+@pytest.mark.simulation
+def test_real_sweep_runs_and_resumes(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text("base: {rounds: 1, num_clients: 3, aux_size: 50, feature_dim: 16, local_epochs: 1, "
+                    "fraction_fit: 1.0, device: cpu}\ndatasets: [digits]\nalphas: [1.0]\nseeds: [0]\n"
+                    "methods: [fedavg]\n")
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "fedpers.cli", "sweep", str(path), "--out", str(out)]
+    first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "1 to run" in first.stdout and (out / "table.md").exists()
+    second = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert "1 already done, 0 to run" in second.stdout
