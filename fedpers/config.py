@@ -175,6 +175,36 @@ KEYS: tuple[Key, ...] = (
     Key("fedeagd_fusion", str, "progressive",
         "FedEAGD residual fusion: progressive | always (ablation: on from round 0) | off (ablation)",
         _one_of("progressive", "always", "off")),
+    # --- personalized baselines (fedpers/baselines.py): "paper" = the method's paper or code, "ours" = not given
+    Key("ditto_lambda", float, 0.1,
+        "Ditto lambda of the personal objective F_k(v) + lambda/2 ||v - w^t||^2 (ours, from the paper's grid "
+        "0.05-2)", _non_negative),
+    Key("ditto_personal_epochs", int, 0,
+        "Ditto epochs of the personal-model update per round (s of Alg. 1); 0 = local_epochs (ours)",
+        _non_negative),
+    Key("pfedme_lambda", float, 15.0, "pFedMe regularisation lambda of the Moreau envelope (paper: 15)", _positive),
+    Key("pfedme_k", int, 5, "pFedMe inner steps K on the personalized problem per mini-batch (paper: 5)",
+        _at_least_one),
+    Key("pfedme_personal_lr", float, 0.09,
+        "pFedMe personal learning rate of the K inner steps (paper, MNIST non-convex: 0.09)", _positive),
+    Key("pfedme_beta", float, 1.0, "pFedMe server step beta: w <- (1-beta) w + beta avg(w_i) (paper: 1)", _positive),
+    Key("fedrep_head_epochs", int, 10,
+        "FedRep head epochs per round with the body frozen (paper: 10); body epochs = local_epochs", _non_negative),
+    Key("fedbabu_finetune_epochs", int, 5,
+        "FedBABU whole-model fine-tuning epochs on train data before each evaluation (paper: 5)", _non_negative),
+    Key("fedala_eta", float, 1.0, "FedALA learning rate eta of the ALA weights W (paper: 1.0)", _positive),
+    Key("fedala_rand_percent", int, 80, "FedALA share s (%) of local train data used to learn W (paper: 80)",
+        lambda v: None if 1 <= v <= 100 else "must be in 1..100"),
+    Key("fedala_layer_idx", int, 2,
+        "FedALA top parameter tensors aggregated with W, as FedALA's code counts them (paper: 2 = the head)",
+        _at_least_one),
+    Key("fedala_threshold", float, 0.1,
+        "FedALA start phase: learn W until the std of the last fedala_num_pre_loss losses is below this "
+        "(paper code: 0.1)", _positive),
+    Key("fedala_num_pre_loss", int, 10, "FedALA start phase: losses in the convergence test (paper code: 10)",
+        _at_least_one),
+    Key("fedala_max_start_epochs", int, 100, "FedALA start phase: at most this many epochs (ours; FedALA: no cap)",
+        _at_least_one),
 )
 
 KEYS_BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}

@@ -50,6 +50,16 @@ METHODS: dict[str, MethodSpec] = {
                    "personalized_macro_acc", needs_aux=True, paper="Souza Neto et al., MLSP 2026"),
         MethodSpec("fedeagd", "strategies.fedeagd:FedEAGDStrategy", "clients.fedeagd:FedEAGDClient",
                    "personalized_macro_acc", paper="FedEAGD (paper summary in shared/papers)", model="se_cnn"),
+        MethodSpec("ditto", "strategies.ditto:DittoStrategy", "clients.ditto:DittoClient",
+                   "personalized_macro_acc", paper="Li et al., ICML 2021"),
+        MethodSpec("pfedme", "strategies.pfedme:PFedMeStrategy", "clients.pfedme:PFedMeClient",
+                   "personalized_macro_acc", paper="Dinh et al., NeurIPS 2020"),
+        MethodSpec("fedrep", "strategies.fedrep:FedRepStrategy", "clients.fedrep:FedRepClient",
+                   "personalized_macro_acc", paper="Collins et al., ICML 2021"),
+        MethodSpec("fedbabu", "strategies.fedbabu:FedBABUStrategy", "clients.fedbabu:FedBABUClient",
+                   "personalized_macro_acc", paper="Oh et al., ICLR 2022"),
+        MethodSpec("fedala", "strategies.fedala:FedALAStrategy", "clients.fedala:FedALAClient",
+                   "personalized_macro_acc", paper="Zhang et al., AAAI 2023"),
     )
 }
 
