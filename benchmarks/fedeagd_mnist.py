@@ -72,14 +72,15 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--fusion-start", type=int, default=None, help="default max(2, rounds // 5)")
     p.add_argument("--fusion-ramp", type=int, default=None, help="default max(2, rounds // 5)")
-    p.add_argument("--only", nargs="*", default=None, help="run names to run (default: all rows)")
+    p.add_argument("--only", nargs="*", default=None, help="run names to run, in this order (default: all rows)")
     p.add_argument("--extra", nargs="*", default=[], help="key=value set for every run (e.g. a smoke test)")
     p.add_argument("--out", default=str(HERE / "results" / "fedeagd_mnist_runs"))
     args = p.parse_args()
     args.fusion_start = args.fusion_start if args.fusion_start is not None else max(2, args.rounds // 5)
     args.fusion_ramp = args.fusion_ramp if args.fusion_ramp is not None else max(2, args.rounds // 5)
 
-    rows = [r for r in ROWS if args.only is None or r[1] in args.only]
+    # rows in --only order (run priority), else table order
+    rows = ROWS if args.only is None else [r for name in args.only for r in ROWS if r[1] == name]
     summaries: dict[str, dict] = {}
     table = []
     for label, name, method, extra, metric in rows:

@@ -205,6 +205,32 @@ KEYS: tuple[Key, ...] = (
         _at_least_one),
     Key("fedala_max_start_epochs", int, 100, "FedALA start phase: at most this many epochs (ours; FedALA: no cap)",
         _at_least_one),
+    # --- FedProto, pFedSim, FedAS, FedFed (fedpers/baselines_more.py); "code" = the authors' public code --
+    Key("fedproto_lambda", float, 1.0,
+        "FedProto weight lambda of the prototype term of Eq. 8 (paper code: ld = 1)", _non_negative),
+    Key("fedproto_infer", str, "global",
+        "FedProto inference: nearest global prototype (paper code) | nearest local prototype | head "
+        "(the classifier); the other two are reported as extra metrics", _one_of("global", "local", "head")),
+    Key("pfedsim_warmup", float, 0.5,
+        "pFedSim share of rounds in the FedAvg warm-up phase before personalization (paper code: 0.5)",
+        _unit_interval_open_right),
+    Key("fedas_align_lr", float, 0.01, "FedAS parameter-alignment SGD learning rate (paper code: 0.01)", _positive),
+    Key("fedas_align_epochs", int, 1, "FedAS parameter-alignment epochs (paper code: 1; 0 = no alignment)",
+        _non_negative),
+    Key("fedas_align_batch", int, 16, "FedAS parameter-alignment batch size (paper code: 16)", _at_least_one),
+    Key("fedfed_distill_rounds", int, 15,
+        "FedFed feature-distillation rounds (code: 15), counted inside `rounds`, at most rounds - 1 (ours)",
+        _non_negative),
+    Key("fedfed_vae_lr", float, 0.001, "FedFed distiller Adam learning rate (code: 1e-3)", _positive),
+    Key("fedfed_noise_std1", float, 0.15, "FedFed std of the 1st Gaussian noise on shared features (code: 0.15)",
+        _non_negative),
+    Key("fedfed_noise_std2", float, 0.25, "FedFed std of the 2nd Gaussian noise on shared features (code: 0.25)",
+        _non_negative),
+    Key("fedfed_rec", float, 5.0, "FedFed weight of the distiller's reconstruction loss (code: 5.0)", _non_negative),
+    Key("fedfed_kl", float, 0.005, "FedFed weight of the distiller's KL term (code: 0.005)", _non_negative),
+    Key("fedfed_ce", float, 2.0, "FedFed weight of the CE on noisy sensitive features (code: 2.0)", _non_negative),
+    Key("fedfed_x_ce", float, 0.4, "FedFed weight of the CE on raw inputs while distilling (code: 0.4)",
+        _non_negative),
 )
 
 KEYS_BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}

@@ -60,6 +60,14 @@ METHODS: dict[str, MethodSpec] = {
                    "personalized_macro_acc", paper="Oh et al., ICLR 2022"),
         MethodSpec("fedala", "strategies.fedala:FedALAStrategy", "clients.fedala:FedALAClient",
                    "personalized_macro_acc", paper="Zhang et al., AAAI 2023"),
+        MethodSpec("fedproto", "strategies.fedproto:FedProtoStrategy", "clients.fedproto:FedProtoClient",
+                   "personalized_macro_acc", paper="Tan et al., AAAI 2022"),
+        MethodSpec("pfedsim", "strategies.pfedsim:PFedSimStrategy", "clients.pfedsim:PFedSimClient",
+                   "personalized_macro_acc", paper="Tan et al., arXiv:2305.15706"),
+        MethodSpec("fedas", "strategies.fedas:FedASStrategy", "clients.fedas:FedASClient",
+                   "personalized_macro_acc", paper="Yang et al., CVPR 2024"),
+        MethodSpec("fedfed", "strategies.fedfed:FedFedStrategy", "clients.fedfed:FedFedClient",
+                   "personalized_macro_acc", paper="Yang et al., NeurIPS 2023"),
     )
 }
 

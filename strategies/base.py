@@ -89,6 +89,11 @@ class FedPersStrategy(FedAvg):
         """Install the aggregated upload part in the global model (methods add server-side steps)."""
         set_arrays(self.model, aggregated, self.upload_part, source="aggregate")
 
+    def aggregate(self, server_round: int, valid: list[tuple[list[np.ndarray], int]]) -> list[np.ndarray]:
+        """Aggregate the validated updates (default: ``aggregate_updates`` with the config's rule); methods
+        that upload server state next to the model (SCAFFOLD, FedDC, FedProc) aggregate it here."""
+        return aggregate_updates(valid, self.cfg.aggregation, self.cfg.trim_fraction)
+
     def summary_extras(self) -> dict[str, Any]:
         """Method-specific fields added to ``summary.json`` (default: none)."""
         return {}
@@ -150,7 +155,7 @@ class FedPersStrategy(FedAvg):
                 f"round {server_round}: {len(valid)} valid client updates, fewer than min_fit_updates="
                 f"{self.cfg.min_fit_updates} ({self._round['rejected']} rejected, {self._round['failures']} failed)"
             )
-        self.apply_aggregate(server_round, aggregate_updates(valid, self.cfg.aggregation, self.cfg.trim_fraction))
+        self.apply_aggregate(server_round, self.aggregate(server_round, valid))
         return ndarrays_to_parameters(self.download_arrays()), {}
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:

@@ -1,0 +1,45 @@
+"""FedAS (Yang et al., CVPR 2024), server side: client synchronization by Fisher information.
+
+The shared part is the feature extractor (``backbone``; FedAS's ``model.base``), the classifier stays on
+every client. Each sampled client uploads its trained feature extractor and, as one extra array, the
+trace of the empirical Fisher information of its trained model on its data
+(:func:`fedpers.baselines_more.fisher_trace`). The server aggregates the extractors weighted by those
+traces, ``theta = sum_k FIM_k theta_k / sum_j FIM_j`` (the authors' ``aggregate_wrt_fisher``,
+:func:`fedpers.baselines_more.fisher_weights`), instead of by sample counts, so that under-trained
+clients (small Fisher information, e.g. stragglers) contribute less. With ``aggregation: median`` or
+``trimmed_mean`` the robust rule replaces the Fisher-weighted mean (ours).
+
+There is no global classifier, hence no global accuracy; judged by personalized macro accuracy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedpers.baselines_more import fisher_weights
+from fedpers.models import array_shapes
+from fedpers.validation import aggregate_updates, weighted_average
+from strategies.base import FedPersStrategy
+
+
+class FedASStrategy(FedPersStrategy):
+    """Backbone broadcast; Fisher-weighted backbone aggregation."""
+
+    download_part = "backbone"
+    upload_part = "backbone"
+    has_global_model = False
+
+    def prepare_global_model(self) -> None:
+        """Uploads: the backbone's arrays plus the Fisher trace (1,)."""
+        self.upload_shapes = array_shapes(self.model, "backbone") + [(1,)]
+        self.last_weights: dict[str, float] = {}
+
+    def aggregate(self, server_round: int, valid: list[tuple[list[np.ndarray], int]]) -> list[np.ndarray]:
+        """Fisher-trace-weighted mean of the uploaded backbones."""
+        models = [(arrays[:-1], n) for arrays, n in valid]
+        if self.cfg.aggregation != "mean":
+            return aggregate_updates(models, self.cfg.aggregation, self.cfg.trim_fraction)
+        traces = [float(np.asarray(arrays[-1]).reshape(-1)[0]) for arrays, _ in valid]
+        weights = fisher_weights(traces, [n for _, n in valid])
+        self._round.setdefault("extras", {})["fedas_fisher_weights"] = [round(float(w), 4) for w in weights]
+        return weighted_average([(m, float(w)) for (m, _), w in zip(models, weights) if w > 0])

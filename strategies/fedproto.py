@@ -1,0 +1,68 @@
+"""FedProto (Tan et al., AAAI 2022, Algorithm 1), server side.
+
+No model weights travel. Each sampled client uploads its class prototypes (mean backbone feature per
+class, C x d) and its class counts (C,); the server forms the global prototypes as the count-weighted
+per-class mean of the uploads (Eq. 6, :func:`fedpers.baselines_more.aggregate_prototypes`) and
+broadcasts them with a 0/1 availability mask (C,) of the classes that have one. The whole model stays on
+each client (``clients/fedproto.py``), so there is no global model and no global accuracy; the method is
+judged by personalized macro accuracy (nearest-prototype inference).
+
+The configured ``aggregation`` rule does not apply: FedProto's count-weighted mean is the method.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fedpers.baselines_more import aggregate_prototypes
+from strategies.base import FedPersStrategy
+
+
+class FedProtoStrategy(FedPersStrategy):
+    """Prototype exchange: uploads (prototypes, counts), broadcasts (global prototypes, mask)."""
+
+    download_part = "all"  # unused: download_arrays is overridden
+    upload_part = "all"  # unused: upload_shapes is overridden
+    has_global_model = False
+
+    def prepare_global_model(self) -> None:
+        """No prototypes before round 1; uploads are C x d prototypes and C counts."""
+        c, d = self.federation.num_classes, int(self.model.head.in_features)
+        self.prototypes = np.zeros((c, d), np.float32)
+        self.available = np.zeros(c, np.float32)
+        self.upload_shapes = [(c, d), (c,)]
+
+    def aggregate(self, server_round: int, valid: list[tuple[list[np.ndarray], int]]) -> list[np.ndarray]:
+        """Eq. 6: count-weighted per-class mean of the uploaded prototypes. A client's class counts are
+        bounded by its (validated) sample count: counts summing to more are scaled down (ours), so that
+        no client can outweigh the others by inflating its counts."""
+        local = []
+        for arrays, n in valid:
+            counts = np.clip(np.asarray(arrays[1], dtype=np.float64), 0.0, None)
+            if counts.sum() > n:
+                counts = counts * (n / counts.sum())
+            local.append((arrays[0], counts))
+        protos, mask = aggregate_prototypes(local)
+        return [protos, mask]
+
+    def apply_aggregate(self, server_round: int, aggregated: list[np.ndarray]) -> None:
+        """Keep the new global prototypes (the server has no model to update)."""
+        self.prototypes, self.available = aggregated
+
+    def download_arrays(self) -> list[np.ndarray]:
+        """Global prototypes and their availability mask."""
+        return [self.prototypes.copy(), self.available.copy()]
+
+    def extra_state(self) -> dict[str, Any]:  # checkpoint
+        return {"fedproto_prototypes": self.prototypes, "fedproto_available": self.available}
+
+    def load_extra_state(self, extra: dict[str, Any]) -> None:  # resume
+        if "fedproto_prototypes" in extra:
+            self.prototypes = np.asarray(extra["fedproto_prototypes"], np.float32)
+            self.available = np.asarray(extra["fedproto_available"], np.float32)
+
+    def summary_extras(self) -> dict[str, Any]:
+        """Classes with a global prototype at the end."""
+        return {"fedproto_classes_with_prototype": int(self.available.sum())}
