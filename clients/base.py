@@ -13,6 +13,7 @@ Methods override :meth:`batch_loss`, :meth:`on_download` and :meth:`evaluate_per
 from __future__ import annotations
 
 import hashlib
+from logging import INFO
 from typing import Any, Sequence
 
 import numpy as np
@@ -20,13 +21,15 @@ import torch
 import torch.nn.functional as F
 from flwr.app import ArrayRecord, Context
 from flwr.client import NumPyClient
+from flwr.common.logger import log
 
 from fedpers.cluster import node_identity
 from fedpers.config import Config, parse_id_list
 from fedpers.errors import ClientUpdateError
 from fedpers.federation import get_federation
 from fedpers.models import Part, build_model, get_arrays, set_arrays
-from fedpers.registry import get_method
+from fedpers.registry import model_kind_of
+from fedpers.state_store import ClientStateStore, config_fingerprint
 from fedpers.training import evaluate, resolve_device, seed_everything, sgd, train_epochs
 from fedpers.validation import corrupt_update
 
@@ -74,20 +77,44 @@ class FedPersClient(NumPyClient):
         self.data = federation.client(self.partition_id, self.device)
         self.model = build_model(federation.input_shape, federation.num_classes, feature_dim=cfg.feature_dim,
                                  dropout=cfg.dropout, seed=cfg.seed,
-                                 kind=get_method(cfg.method).model).to(self.device)
+                                 kind=model_kind_of(cfg)).to(self.device)
         self._faulty = set(parse_id_list(cfg.faulty_clients))
         # The persistent part's initial value (phi_k^0): the seeded init, identical on every client.
         self._initial_personal = get_arrays(self.model, self.persistent_part) if self.persistent_part else None
 
     # --- persistent per-client state ----------------------------------------------------------
     def load_state(self, name: str) -> list[np.ndarray] | None:
-        """Arrays saved under ``name`` in this client's state, or None if never saved."""
+        """Arrays saved under ``name`` in this client's state, or None if never saved.
+
+        ``context.state`` first; when empty (e.g. the SuperNode restarted) and a state directory is
+        configured, the file last written by :meth:`save_state` (then cached in ``context.state``).
+        """
         record = self.context.state.get(STATE_PREFIX + name)
-        return None if record is None else record.to_numpy_ndarrays()
+        if record is not None:
+            return record.to_numpy_ndarrays()
+        store = self.state_store()
+        arrays = store.load(name) if store is not None else None
+        if arrays is not None:
+            self.context.state[STATE_PREFIX + name] = ArrayRecord(numpy_ndarrays=arrays)
+            log(INFO, "fedpers: client %d restored state '%s' from %s", self.partition_id, name, store.path(name))
+        return arrays
 
     def save_state(self, name: str, arrays: Sequence[np.ndarray]) -> None:
-        """Save ``arrays`` under ``name`` in this client's state (kept across rounds)."""
-        self.context.state[STATE_PREFIX + name] = ArrayRecord(numpy_ndarrays=[np.asarray(a) for a in arrays])
+        """Save ``arrays`` under ``name`` in this client's state (kept across rounds), and atomically
+        to the state directory when one is configured (kept across SuperNode restarts)."""
+        arrays = [np.asarray(a) for a in arrays]
+        self.context.state[STATE_PREFIX + name] = ArrayRecord(numpy_ndarrays=arrays)
+        store = self.state_store()
+        if store is not None:
+            store.save(name, arrays)
+
+    def state_store(self) -> ClientStateStore | None:
+        """This client's on-disk state (node config ``state-dir``, else ``client_state_dir``); None = memory only."""
+        if "_state_store" not in self.__dict__:
+            root = str(self.context.node_config.get("state-dir", "") or self.cfg.client_state_dir)
+            self._state_store = (ClientStateStore(root, self.partition_id, config_fingerprint(self.cfg.to_dict()))
+                                 if root else None)
+        return self._state_store
 
     def personal_arrays(self) -> list[np.ndarray] | None:
         """The persistent part as last saved (or its initial value); None for methods without one."""
@@ -109,9 +136,14 @@ class FedPersClient(NumPyClient):
     def on_download(self) -> None:
         """Hook called with the broadcast loaded and before the persistent part is restored."""
 
+    def task_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The supervised term of the local objective (cross-entropy; JDFL replaces it by its joint-label
+        loss, keeping every optimizer's other terms)."""
+        return F.cross_entropy(logits, y)
+
     def batch_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Local objective on one mini-batch (default: cross-entropy, as FedAvg)."""
-        return F.cross_entropy(self.model(x), y)
+        """Local objective on one mini-batch (default: the task loss, cross-entropy, as FedAvg)."""
+        return self.task_loss(self.model(x), y)
 
     def train(self, generator: torch.Generator) -> float:
         """Local training for ``local_epochs`` epochs of SGD on :meth:`batch_loss`; returns the mean loss."""
@@ -120,6 +152,11 @@ class FedPersClient(NumPyClient):
         return train_epochs(self.model, train.x, train.y, epochs=self.cfg.local_epochs,
                             batch_size=self.cfg.batch_size, optimizer=opt, batch_loss=self.batch_loss,
                             generator=generator)
+
+    def upload_arrays(self) -> list[np.ndarray]:
+        """What :meth:`fit` sends back (default: ``upload_part`` of the model; SCAFFOLD, FedDC and FedProc
+        append their client-side arrays)."""
+        return get_arrays(self.model, self.upload_part)
 
     def evaluate_personalized(self, generator: torch.Generator) -> tuple[float, float, dict[str, float]]:
         """(accuracy, loss, extra ``acc_*`` metrics) of the personalized model on the client's test split."""
@@ -147,7 +184,7 @@ class FedPersClient(NumPyClient):
             personal = get_arrays(self.model, self.persistent_part)
             self.save_state("personal", personal)
             metrics["state_digest"] = arrays_digest(personal)
-        upload = get_arrays(self.model, self.upload_part)
+        upload = self.upload_arrays()
         if self.partition_id in self._faulty:
             upload = corrupt_update(upload, self.cfg.fault, np.random.default_rng([self.cfg.seed, server_round]))
         return upload, len(self.data.train), metrics

@@ -8,6 +8,7 @@ fedpers schema; the method's Strategy and NumPyClient come from the registry.
 from __future__ import annotations
 
 import functools
+from logging import INFO, WARNING
 from pathlib import Path
 
 import torch
@@ -16,9 +17,10 @@ from flwr.client import ClientApp
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
 from fedpers.config import Config, from_run_config
+from fedpers.errors import FedpersError
 from fedpers.federation import get_federation
 from fedpers.partition import save_partition
-from fedpers.registry import get_method
+from fedpers.registry import client_class_for, strategy_class_for
 from fedpers.results import ResultsWriter
 
 
@@ -39,8 +41,33 @@ def server_fn(context: Context) -> ServerAppComponents:
     writer = ResultsWriter(cfg.out_dir, tensorboard=cfg.tensorboard)
     save_partition(writer.out_dir / "partition.npz", federation.partition, dataset=Path(cfg.dataset).name,
                    num_train=len(federation.dataset.y_train), num_test=len(federation.dataset.y_test))
-    strategy = get_method(cfg.method).strategy_class()(cfg, federation, writer)
-    return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=cfg.rounds))
+    strategy = strategy_class_for(cfg)(cfg, federation, writer)  # method (+ JDFL wrapper)
+    config = ServerConfig(num_rounds=cfg.rounds, round_timeout=cfg.round_timeout or None)
+    if cfg.resume:
+        return _resume(cfg, strategy, config)
+    return ServerAppComponents(strategy=strategy, config=config)
+
+
+def _resume(cfg: Config, strategy, config: ServerConfig) -> ServerAppComponents:
+    """Load ``checkpoint_dir``'s checkpoint into ``strategy`` and start the round loop after its round."""
+    from flwr.common.logger import log
+    from flwr.server import SimpleClientManager
+
+    from fedpers.checkpoint import ResumableServer, checkpoint_path, load_checkpoint
+
+    if not cfg.checkpoint_dir:
+        raise FedpersError("resume=true needs checkpoint_dir")
+    if not checkpoint_path(cfg.checkpoint_dir).is_file():
+        log(WARNING, "fedpers: resume=true but no checkpoint in %s yet: starting at round 1", cfg.checkpoint_dir)
+        return ServerAppComponents(strategy=strategy, config=config)
+    state = load_checkpoint(cfg.checkpoint_dir, cfg.to_dict())
+    strategy.load_state_dict(state)
+    done = int(state["round"])
+    log(INFO, "fedpers: resuming from %s after round %d of %d", checkpoint_path(cfg.checkpoint_dir), done, cfg.rounds)
+    if done >= cfg.rounds and strategy.history:
+        strategy._write_summary()  # nothing left to run; the summary reflects the checkpoint
+    server = ResumableServer(start_round=done + 1, client_manager=SimpleClientManager(), strategy=strategy)
+    return ServerAppComponents(server=server, config=config)
 
 
 @functools.lru_cache(maxsize=1)
@@ -52,7 +79,7 @@ def client_fn(context: Context):
     """Build the method's NumPyClient for this node (Flower recreates it for every message)."""
     cfg = config_of(context)
     _limit_threads(max(1, int(cfg.client_cpus)))
-    return get_method(cfg.method).client_class()(cfg, context).to_client()
+    return client_class_for(cfg)(cfg, context).to_client()
 
 
 server_app = ServerApp(server_fn=server_fn)

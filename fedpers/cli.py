@@ -5,6 +5,7 @@
     fedpers methods                                             list the registered methods
     fedpers sweep SWEEP.yaml --out DIR                          methods x datasets x alpha x seeds, resumable
     fedpers report DIR                                          table.md/.csv and PNG figures of a sweep
+    fedpers deploy local --clients N [CONFIG.yaml] [--set ...] --out DIR   SuperLink + N SuperNodes, TLS
 
 Bad input (unknown key, wrong type, missing data file, impossible split) prints one line
 ``fedpers: error: ...`` and exits with code 2, before any training starts.
@@ -48,6 +49,22 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     show.add_argument("--keys", action="store_true", help="list every key with its help text")
     sub.add_parser("methods", help="list the registered methods")
+    deploy = sub.add_parser("deploy", help="real Flower deployment: SuperLink + SuperNodes (TLS, node auth)")
+    dsub = deploy.add_subparsers(dest="deploy_command", required=True)
+    local = dsub.add_parser("local", help="run one experiment on a SuperLink and N SuperNodes on 127.0.0.1")
+    local.add_argument("config", nargs="?", help="YAML file of config keys (default: schema defaults)")
+    local.add_argument("--clients", type=int, required=True, help="number of SuperNodes (= num_clients)")
+    local.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    local.add_argument("--out", required=True, help="output directory (results, logs, keys, state)")
+    local.add_argument("--isolation", choices=("subprocess", "process"), default="subprocess",
+                       help="ClientApp isolation of the SuperNodes (default: subprocess)")
+    local.add_argument("--timeout", type=float, default=3600.0, help="seconds the run may take (default 3600)")
+    certs = dsub.add_parser("certs", help="make a CA, a SuperLink certificate and SuperNode keys")
+    certs.add_argument("--out", required=True, help="directory for ca.crt, server.pem/.key, supernode-<i>.key(.pub)")
+    certs.add_argument("--nodes", type=int, default=3, help="number of SuperNode key pairs")
+    certs.add_argument("--host", dest="hosts", action="append", default=[],
+                       help="DNS name or IP the SuperLink is reached at (repeatable; default superlink, "
+                            "localhost, 127.0.0.1)")
     return p
 
 
@@ -140,11 +157,32 @@ def cmd_methods(_: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_deploy(args: argparse.Namespace) -> int:
+    """``deploy local``: one experiment on a loopback deployment; ``deploy certs``: TLS material and keys."""
+    from fedpers import deploy
+
+    if args.deploy_command == "certs":
+        pki = deploy.make_certs(args.out, args.nodes, args.hosts or ["superlink", "localhost", "127.0.0.1"])
+        print(f"fedpers | CA {pki.ca_cert}, SuperLink certificate {pki.server_cert}, "
+              f"{len(pki.node_keys)} SuperNode keys in {pki.dir}")
+        return 0
+    if args.clients < 1:
+        raise FedpersError("--clients must be >= 1")
+    cfg = load_config(args.config, args.sets + [f"num_clients={args.clients}"], out_dir=args.out)
+    preflight(cfg)
+    t0 = time.perf_counter()
+    summary = deploy.deploy_local(cfg, args.clients, args.out, isolation=args.isolation, timeout=args.timeout)
+    metric = summary["metric"]
+    print(f"fedpers | deploy done in {time.perf_counter() - t0:.1f} s: final {metric} = "
+          f"{summary['final'].get(metric)} | {args.out}/metrics.jsonl, {args.out}/summary.json", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``fedpers`` script."""
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     args = _parser().parse_args(argv)
-    handler = {"run": cmd_run, "config": cmd_config, "methods": cmd_methods, "sweep": cmd_sweep, "report": cmd_report}[args.command]
+    handler = {"run": cmd_run, "config": cmd_config, "methods": cmd_methods, "sweep": cmd_sweep, "report": cmd_report, "deploy": cmd_deploy}[args.command]
     try:
         return handler(args)
     except FedpersError as exc:

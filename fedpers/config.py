@@ -94,8 +94,9 @@ KEYS: tuple[Key, ...] = (
         "digits | mnist | fmnist | cifar10 | cifar100, or a path to a Keras-layout .npz file"),
     Key("data_dir", str, "",
         "directory holding <dataset>.npz or torchvision files; '' = ~/.cache/fedpers/data (download)"),
-    Key("partition", str, "dirichlet", "client split: dirichlet | pathological | iid | file",
-        _one_of("dirichlet", "pathological", "iid", "file")),
+    Key("partition", str, "dirichlet",
+        "client split: dirichlet | pathological | iid | file | domain (one domain per client, needs domain ids)",
+        _one_of("dirichlet", "pathological", "iid", "file", "domain")),
     Key("partition_file", str, "", "partition.npz to take clients, splits and Ds from (partition=file)"),
     Key("alpha", float, 0.05, "Dirichlet concentration of the class-wise label skew", _positive),
     Key("classes_per_client", int, 2, "classes per client for partition=pathological", _at_least_one),
@@ -205,6 +206,44 @@ KEYS: tuple[Key, ...] = (
         _at_least_one),
     Key("fedala_max_start_epochs", int, 100, "FedALA start phase: at most this many epochs (ours; FedALA: no cap)",
         _at_least_one),
+    # --- deployment: client state on disk, server checkpoint/resume, round timeout (fedpers/deploy.py) ----
+    Key("client_state_dir", str, "",
+        "deployment: each client also writes its persistent state (heads, teachers, ...) atomically to "
+        "<dir>/partition-<id>/ and restores it after a restart; '' = in memory only (node config "
+        "'state-dir' overrides)"),
+    Key("checkpoint_dir", str, "",
+        "server checkpoint (global model, round, history) written atomically after every round; '' = none"),
+    Key("resume", bool, False,
+        "continue from the checkpoint in checkpoint_dir at its next round (metrics.jsonl keeps the done rounds)"),
+    Key("round_timeout", float, 0.0,
+        "seconds a round waits for client replies (Flower ServerConfig.round_timeout); 0 = no limit",
+        _non_negative),
+    # --- JDFL and the global optimizers it wraps (fedpers/jdfl.py, fedpers/optimizers.py) -----------------
+    Key("model_kind", str, "",
+        "model: '' = the method's own (cnn for most) | cnn | se_cnn | gn_cnn (JDFL paper's GroupNorm CNN)",
+        _one_of("", "cnn", "se_cnn", "gn_cnn")),
+    Key("jdfl", str, "off",
+        "JDFL on top of the method (fedavg, scaffold, feddyn, feddc, fedproc, moon): off | graded | random | "
+        "hard (ablation: expanded head, hard client-fixed joint labels)", _one_of("off", "graded", "random", "hard")),
+    Key("jdfl_m", int, 0, "JDFL number of pseudo-domains M; 0 = chosen by jdfl_select", _non_negative),
+    Key("jdfl_select", str, "elbow", "JDFL choice of M when jdfl_m = 0: elbow | silhouette (paper: elbow)",
+        _one_of("elbow", "silhouette")),
+    Key("jdfl_max_m", int, 10, "JDFL cap on M when it is chosen (paper: e.g. 10)", _at_least_one),
+    Key("jdfl_alpha", float, 0.0,
+        "JDFL graded main mass alpha; 0 = paper Sec. 5.5 (0.55 if M <= 5 else 0.45)", _unit_interval),
+    Key("jdfl_tau", float, 0.1, "JDFL graded temperature tau of the centroid-cosine softmax (paper: 0.1)", _positive),
+    Key("jdfl_phi", float, 1.0, "JDFL random: mass phi on the drawn joint unit j(d, c) (paper: 1.0)", _unit_interval),
+    Key("jdfl_discovery_epochs", int, 3, "JDFL discovery local epochs E0 (paper: 3)", _at_least_one),
+    Key("jdfl_discovery_batch", int, 0, "JDFL discovery batch size; 0 = batch_size", _non_negative),
+    Key("jdfl_layers", str, "last_conv_head",
+        "JDFL discovery update-vector layers: head | last_conv_head (paper) | last_two_conv_head | all",
+        _one_of("head", "last_conv_head", "last_two_conv_head", "all")),
+    Key("scaffold_server_lr", float, 1.0, "SCAFFOLD global step size eta_g (paper: 1)", _positive),
+    Key("feddyn_alpha", float, 0.01, "FedDyn regularisation alpha (paper grid 0.1/0.01/0.001; ours 0.01)", _positive),
+    Key("feddc_alpha", float, 0.01, "FedDC drift penalty alpha (FedDC code default 0.01)", _positive),
+    Key("fedproc_tau", float, 0.5, "FedProc prototype-contrastive temperature (ours)", _positive),
+    Key("moon_mu", float, 1.0, "MOON weight mu of the model-contrastive loss (paper: 1 or 5)", _non_negative),
+    Key("moon_tau", float, 0.5, "MOON temperature tau (paper: 0.5)", _positive),
     # --- FedProto, pFedSim, FedAS, FedFed (fedpers/baselines_more.py); "code" = the authors' public code --
     Key("fedproto_lambda", float, 1.0,
         "FedProto weight lambda of the prototype term of Eq. 8 (paper code: ld = 1)", _non_negative),
@@ -346,6 +385,12 @@ def _check_combinations(values: Mapping[str, Value]) -> None:
     from fedpers.registry import METHODS
 
     spec = METHODS[str(values["method"])]
+    if values.get("jdfl", "off") != "off":
+        from fedpers.registry import JDFL_BASES
+
+        if spec.name not in JDFL_BASES:
+            raise ConfigError(f"config key 'jdfl': JDFL wraps a global optimizer ({', '.join(JDFL_BASES)}), "
+                              f"not method '{spec.name}'")
     if values["partition"] == "file" and not values["partition_file"]:
         raise ConfigError("config key 'partition_file': partition=file needs partition_file: PATH")
     if spec.needs_aux and values["aux_size"] == 0 and values["partition"] != "file":

@@ -34,6 +34,18 @@ class Dataset:
     x_test: np.ndarray
     y_test: np.ndarray
     num_classes: int
+    # Optional per-sample domain ids (feature-skew data, e.g. PACS): int64 arrays aligned with y_train /
+    # y_test, and the domains' names; None / () for single-domain data.
+    d_train: np.ndarray | None = None
+    d_test: np.ndarray | None = None
+    domain_names: tuple[str, ...] = ()
+
+    @property
+    def num_domains(self) -> int:
+        """Number of domains (0 without domain ids)."""
+        if self.d_train is None:
+            return 0
+        return max(len(self.domain_names), int(max(self.d_train.max(), self.d_test.max())) + 1)
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -64,8 +76,10 @@ def _standardise(x_train: np.ndarray, x_test: np.ndarray, scale: float) -> tuple
     return np.ascontiguousarray((xtr - mean) / std), np.ascontiguousarray((xte - mean) / std)
 
 
-def from_arrays(name: str, x_train, y_train, x_test, y_test, num_classes: int | None = None) -> Dataset:
-    """Validate raw arrays (any image layout) and return a standardised :class:`Dataset`."""
+def from_arrays(name: str, x_train, y_train, x_test, y_test, num_classes: int | None = None, *,
+                d_train=None, d_test=None, domain_names=None) -> Dataset:
+    """Validate raw arrays (any image layout) and return a standardised :class:`Dataset`; ``d_train`` /
+    ``d_test`` (optional, both or neither) are per-sample integer domain ids."""
     x_train = _to_nchw(np.asarray(x_train), f"{name} x_train")
     x_test = _to_nchw(np.asarray(x_test), f"{name} x_test")
     if x_train.shape[1:] != x_test.shape[1:]:
@@ -95,7 +109,26 @@ def from_arrays(name: str, x_train, y_train, x_test, y_test, num_classes: int | 
     xtr, xte = _standardise(x_train, x_test, scale)
     if not (np.isfinite(xtr).all() and np.isfinite(xte).all()):
         raise DataError(f"{name}: images contain NaN or Inf")
-    return Dataset(name, xtr, y_train, xte, y_test, num_classes)
+    domains = _check_domains(name, d_train, d_test, len(y_train), len(y_test), domain_names)
+    return Dataset(name, xtr, y_train, xte, y_test, num_classes, *domains)
+
+
+def _check_domains(name: str, d_train, d_test, n_train: int, n_test: int, domain_names):
+    """(d_train, d_test, domain_names) validated: both or neither, integer ids >= 0, one per sample."""
+    if d_train is None and d_test is None:
+        return None, None, ()
+    if d_train is None or d_test is None:
+        raise DataError(f"{name}: d_train and d_test must be given together")
+    out = []
+    for split, d, n in (("d_train", d_train, n_train), ("d_test", d_test, n_test)):
+        d = np.asarray(d).reshape(-1)
+        if len(d) != n:
+            raise DataError(f"{name}: {split} has {len(d)} domain ids for {n} images")
+        if not np.issubdtype(d.dtype, np.integer) or d.min() < 0:
+            raise DataError(f"{name}: {split} must hold non-negative integer domain ids")
+        out.append(d.astype(np.int64))
+    names = tuple(str(x) for x in (domain_names if domain_names is not None else ()))
+    return out[0], out[1], names
 
 
 def load_npz(path: str | Path) -> Dataset:
@@ -110,6 +143,9 @@ def load_npz(path: str | Path) -> Dataset:
                 raise DataError(f"{p}: missing arrays {', '.join(missing)} (expected Keras layout)")
             arrays = {k: f[k] for k in ("x_train", "y_train", "x_test", "y_test")}
             num_classes = len(f["class_names"]) if "class_names" in f.files else None
+            if "d_train" in f.files and "d_test" in f.files:  # multi-domain data (e.g. PACS)
+                arrays.update(d_train=f["d_train"], d_test=f["d_test"],
+                              domain_names=f["domain_names"] if "domain_names" in f.files else None)
     except DataError:
         raise
     except Exception as exc:  # zip/pickle/format errors of a corrupt file
@@ -162,6 +198,10 @@ def load_dataset(dataset: str, data_dir: str = "") -> Dataset:
         return load_npz(dataset)
     if dataset == "digits":
         return load_digits_dataset()
+    from fedpers.domains import DOMAIN_DATASETS, load_domain_dataset
+
+    if dataset in DOMAIN_DATASETS:  # multi-domain sets built from several sources (fedpers/domains.py)
+        return load_domain_dataset(dataset, data_dir)
     if dataset not in _NPZ_NAMES:
         raise DataError(
             f"unknown dataset '{dataset}': use one of {', '.join(NAMED_DATASETS)} or a path to a .npz file"

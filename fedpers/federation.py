@@ -103,6 +103,22 @@ class Federation:
         idx = torch.as_tensor(np.sort(np.concatenate(self.partition.test)), device=device)
         return Split(xte[idx], yte[idx])
 
+    # --- domain ids (feature-skew data; None for single-domain data) ------------------------------------
+    def test_domains(self) -> np.ndarray | None:
+        """Domain id of every sample of :meth:`test`, in the same order (None without domain ids)."""
+        d = self.dataset
+        if d.d_test is None:
+            return None
+        if self.partition.index_space == "split":
+            return d.d_test
+        return np.concatenate([d.d_train, d.d_test])[np.sort(np.concatenate(self.partition.test))]
+
+    def client_domains(self) -> list[int] | None:
+        """True domain of each client (majority domain of its train split; None without domain ids)."""
+        from fedpers.domains import client_domains
+
+        return client_domains(self.dataset, self.partition)
+
 
 @functools.lru_cache(maxsize=4)
 def _federation(dataset: str, data_dir: str, partition: str, partition_file: str, alpha: float,
@@ -114,6 +130,11 @@ def _federation(dataset: str, data_dir: str, partition: str, partition_file: str
         if split.num_clients != num_clients:
             raise DataError(f"num_clients={num_clients} but partition file {partition_file} has "
                             f"{split.num_clients} clients")
+    elif partition == "domain":  # feature skew: one domain per client (fedpers/domains.py)
+        from fedpers.domains import domain_partition
+
+        split = domain_partition(data.y_train, data.y_test, data.d_train, data.d_test, num_clients=num_clients,
+                                 aux_size=aux_size, seed=seed, num_classes=data.num_classes)
     else:
         split = make_partition(
             data.y_train, data.y_test, num_clients=num_clients, scheme=partition, alpha=alpha,

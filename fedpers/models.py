@@ -19,7 +19,7 @@ from torch import nn
 from fedpers.errors import ClientUpdateError
 
 Part = Literal["backbone", "head", "residual", "personal", "all"]
-ModelKind = Literal["cnn", "se_cnn"]
+ModelKind = Literal["cnn", "se_cnn", "gn_cnn"]
 HEAD_MODULE = "head"
 RESIDUAL_MODULE = "residual"
 
@@ -111,6 +111,39 @@ class SECNN(nn.Module):
         return self.classify(self.backbone(x))
 
 
+class GroupNormCNN(nn.Module):
+    """The JDFL paper's CNN (Sec. 5.2): three conv blocks with GroupNorm, two hidden fully connected
+    layers (= backbone) and a linear head (expanded to M x C logits by JDFL).
+
+    Sizes are ours (the paper's Appendix B table did not survive extraction): block ``b`` is a 3x3 conv
+    (padding 1; 32, 64, 128 channels), GroupNorm (8 groups), ReLU, 2x2 max-pool; then dropout, flatten,
+    FC ``2*feature_dim``, ReLU, FC ``feature_dim``, ReLU. The flatten size follows the input
+    (``128 * (H//8) * (W//8)``), so 64x64 PACS, 28x28 digits and 8x8 scikit-learn digits all work.
+    """
+
+    widths = (32, 64, 128)
+
+    def __init__(self, in_channels: int, image_size: tuple[int, int], num_classes: int,
+                 feature_dim: int = 512, dropout: float = 0.25, groups: int = 8):
+        super().__init__()
+        h, w = image_size
+        blocks, c = [], in_channels
+        for width in self.widths:
+            blocks.append(nn.Sequential(nn.Conv2d(c, width, kernel_size=3, padding=1),
+                                        nn.GroupNorm(min(groups, width), width), nn.ReLU(), nn.MaxPool2d(2)))
+            c = width
+            h, w = max(h // 2, 1), max(w // 2, 1)
+        self.backbone = nn.Sequential(
+            *blocks, nn.Dropout(dropout), nn.Flatten(),
+            nn.Linear(c * h * w, 2 * feature_dim), nn.ReLU(),
+            nn.Linear(2 * feature_dim, feature_dim), nn.ReLU(),
+        )
+        self.head = nn.Linear(feature_dim, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        return self.head(self.backbone(x))
+
+
 def build_model(input_shape: Sequence[int], num_classes: int, *, feature_dim: int = 512,
                 dropout: float = 0.25, seed: int | None = None, kind: ModelKind = "cnn") -> nn.Module:
     """Build the model ``kind`` (``cnn``: :class:`SimpleCNN`; ``se_cnn``: FedEAGD's :class:`SECNN`) for
@@ -119,7 +152,7 @@ def build_model(input_shape: Sequence[int], num_classes: int, *, feature_dim: in
     c, h, w = input_shape
     if h < 4 or w < 4:
         raise ValueError(f"images must be at least 4x4, got {h}x{w}")
-    classes = {"cnn": SimpleCNN, "se_cnn": SECNN}
+    classes = {"cnn": SimpleCNN, "se_cnn": SECNN, "gn_cnn": GroupNormCNN}
     if kind not in classes:
         raise ValueError(f"unknown model kind {kind!r}; known: {', '.join(classes)}")
     cls = classes[kind]
@@ -145,6 +178,52 @@ def parameter_names(model: nn.Module, part: Part) -> list[str]:
     if part in (HEAD_MODULE, RESIDUAL_MODULE):
         return [k for k, t in zip(keys, top) if t == part]
     raise ValueError(f"unknown model part {part!r}")
+
+
+LAYER_SUBSETS = ("head", "last_conv_head", "last_two_conv_head", "all")
+
+
+def conv_block_names(model: nn.Module) -> list[list[str]]:
+    """State-dict keys of each convolutional block of the backbone, in order. A block is a direct child
+    of ``backbone`` that is or contains a ``Conv2d`` (GroupNormCNN: conv + GroupNorm; SimpleCNN: the conv)."""
+    backbone = getattr(model, "backbone")
+    keys = list(model.state_dict().keys())
+    blocks = []
+    for name, child in backbone.named_children():
+        if isinstance(child, nn.Conv2d) or any(isinstance(m, nn.Conv2d) for m in child.modules()):
+            prefix = f"backbone.{name}."
+            blocks.append([k for k in keys if k.startswith(prefix)])
+    return blocks
+
+
+def layer_subset_names(model: nn.Module, subset: str) -> list[str]:
+    """State-dict keys of a layer subset (JDFL Sec. 5.8): ``head`` (A), ``last_conv_head`` = last conv
+    block + head (B, the paper's default), ``last_two_conv_head`` (C), or ``all``."""
+    if subset == "all":
+        return parameter_names(model, "all")
+    head = parameter_names(model, "head")
+    blocks = conv_block_names(model)
+    if subset == "head":
+        return head
+    if subset == "last_conv_head":
+        return [*(blocks[-1] if blocks else []), *head]
+    if subset == "last_two_conv_head":
+        return [*(k for b in blocks[-2:] for k in b), *head]
+    raise ValueError(f"unknown layer subset {subset!r}; known: {', '.join(LAYER_SUBSETS)}")
+
+
+def expand_head(model: nn.Module, num_outputs: int, seed: int | None = None) -> None:
+    """Replace the linear head by a fresh ``Linear(in_features, num_outputs)`` (JDFL Phase 2: C -> M x C
+    joint logits), seeded so that server and clients build the same initial head."""
+    old = getattr(model, HEAD_MODULE)
+    device = old.weight.device
+    if seed is not None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            new = nn.Linear(old.in_features, num_outputs)
+    else:
+        new = nn.Linear(old.in_features, num_outputs)
+    setattr(model, HEAD_MODULE, new.to(device))
 
 
 def parameter_count(model: nn.Module, part: Part) -> int:

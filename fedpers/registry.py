@@ -68,10 +68,55 @@ METHODS: dict[str, MethodSpec] = {
                    "personalized_macro_acc", paper="Yang et al., CVPR 2024"),
         MethodSpec("fedfed", "strategies.fedfed:FedFedStrategy", "clients.fedfed:FedFedClient",
                    "personalized_macro_acc", paper="Yang et al., NeurIPS 2023"),
+        # global federated optimizers (issue 4; JDFL wraps them, see JDFL_BASES)
+        MethodSpec("scaffold", "strategies.scaffold:ScaffoldStrategy", "clients.scaffold:ScaffoldClient",
+                   "global_acc", paper="Karimireddy et al., ICML 2020"),
+        MethodSpec("feddyn", "strategies.feddyn:FedDynStrategy", "clients.feddyn:FedDynClient",
+                   "global_acc", paper="Acar et al., ICLR 2021"),
+        MethodSpec("feddc", "strategies.feddc:FedDCStrategy", "clients.feddc:FedDCClient",
+                   "global_acc", paper="Gao et al., CVPR 2022"),
+        MethodSpec("fedproc", "strategies.fedproc:FedProcStrategy", "clients.fedproc:FedProcClient",
+                   "global_acc", paper="Mu et al., FGCS 2023"),
+        MethodSpec("moon", "strategies.moon:MoonStrategy", "clients.moon:MoonClient",
+                   "global_acc", paper="Li et al., CVPR 2021"),
     )
 }
+
+# Methods that the JDFL extension (config ``jdfl: graded | random | hard``) can wrap: global optimizers
+# whose client loss goes through ``FedPersClient.task_loss``. JDFL itself is a mixin pair
+# (strategies/jdfl.py, clients/jdfl.py) composed with the method's classes, not a method of its own.
+JDFL_BASES = ("fedavg", "scaffold", "feddyn", "feddc", "fedproc", "moon")
 
 
 def get_method(name: str) -> MethodSpec:
     """Return the MethodSpec of ``name`` (the config schema has already checked the name)."""
     return METHODS[name]
+
+
+def _jdfl_on(cfg) -> bool:
+    return str(cfg.get("jdfl", "off")) != "off"
+
+
+def strategy_class_for(cfg) -> type:
+    """The run's Strategy class: the method's, wrapped by JDFL when ``cfg.jdfl`` is not ``off``."""
+    cls = get_method(cfg.method).strategy_class()
+    if _jdfl_on(cfg):
+        from strategies.jdfl import with_jdfl
+
+        cls = with_jdfl(cls)
+    return cls
+
+
+def client_class_for(cfg) -> type:
+    """The run's NumPyClient class: the method's, wrapped by JDFL when ``cfg.jdfl`` is not ``off``."""
+    cls = get_method(cfg.method).client_class()
+    if _jdfl_on(cfg):
+        from clients.jdfl import with_jdfl
+
+        cls = with_jdfl(cls)
+    return cls
+
+
+def model_kind_of(cfg) -> str:
+    """Model kind of the run: ``cfg.model_kind`` when set, else the method's own."""
+    return str(cfg.get("model_kind", "")) or get_method(cfg.method).model

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from logging import INFO, WARNING
 from typing import Any
 
@@ -41,7 +42,7 @@ from fedpers.errors import FedpersError
 from fedpers.federation import Federation
 from fedpers.models import Part, array_shapes, build_model, get_arrays, set_arrays
 from fedpers.progress import format_round_line
-from fedpers.registry import get_method
+from fedpers.registry import get_method, model_kind_of
 from fedpers.results import ResultsWriter
 from fedpers.training import evaluate, resolve_device
 from fedpers.validation import aggregate_updates, update_problem
@@ -71,7 +72,7 @@ class FedPersStrategy(FedAvg):
         self.writer = writer
         self.device = resolve_device(cfg.device)
         self.model = build_model(federation.input_shape, federation.num_classes, feature_dim=cfg.feature_dim,
-                                 dropout=cfg.dropout, seed=cfg.seed, kind=self.spec.model).to(self.device)
+                                 dropout=cfg.dropout, seed=cfg.seed, kind=model_kind_of(cfg)).to(self.device)
         self.upload_shapes = array_shapes(self.model, self.upload_part)
         self.partition_of: dict[str, int] = {}  # Flower node id -> partition id
         self.last_fit_digest: dict[int, str] = {}  # partition id -> digest of its state after its last fit
@@ -101,6 +102,52 @@ class FedPersStrategy(FedAvg):
     def download_arrays(self) -> list[np.ndarray]:
         """Arrays broadcast to clients."""
         return get_arrays(self.model, self.download_part)
+
+    # --- checkpoint / resume (fedpers/checkpoint.py) ------------------------------------------------
+    def extra_state(self) -> dict[str, Any]:
+        """Method-specific server state to checkpoint: name -> ndarray or JSON value (default: none)."""
+        return {}
+
+    def load_extra_state(self, extra: dict[str, Any]) -> None:
+        """Restore what :meth:`extra_state` returned (default: nothing to do)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Server state after the last finished round: global model, round, history, totals, RNG."""
+        import torch
+
+        return {
+            "round": self.history[-1]["round"] if self.history else 0,
+            "model": {k: v.detach().cpu().numpy() for k, v in self.model.state_dict().items()},
+            "history": list(self.history),
+            "totals": dict(self.totals),
+            "last_fit_digest": {str(k): v for k, v in self.last_fit_digest.items()},
+            "elapsed": time.perf_counter() - self.started,
+            "torch_rng": torch.get_rng_state().numpy(),
+            "extra": self.extra_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (the inverse; the writer, if any, gets the finished rounds again)."""
+        import torch
+
+        tensors = {k: torch.as_tensor(np.asarray(v)) for k, v in state["model"].items()}
+        self.model.load_state_dict(tensors)
+        self.history = list(state.get("history", []))
+        self.totals = {"bytes_up": 0, "bytes_down": 0, **state.get("totals", {})}
+        self.last_fit_digest = {int(k): str(v) for k, v in state.get("last_fit_digest", {}).items()}
+        self.started = time.perf_counter() - float(state.get("elapsed", 0.0))
+        if state.get("torch_rng") is not None:
+            torch.set_rng_state(torch.as_tensor(np.asarray(state["torch_rng"], dtype=np.uint8)))
+        self.load_extra_state(dict(state.get("extra", {})))
+        if self.writer is not None:
+            for record in self.history:
+                self.writer.append_round(record)
+
+    def save_checkpoint(self) -> None:
+        """Write :meth:`state_dict` to ``checkpoint_dir`` atomically (called after every round)."""
+        from fedpers.checkpoint import save_checkpoint
+
+        save_checkpoint(self.cfg.checkpoint_dir, self.state_dict(), self.cfg.to_dict())
 
     # --- Flower Strategy interface ----------------------------------------------------------------
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
@@ -223,17 +270,33 @@ class FedPersStrategy(FedAvg):
         return len(self.federation.partition.train[pid]) if isinstance(pid, int) else None
 
     def _proxies_by_partition(self, client_manager: ClientManager, server_round: int) -> dict[int, ClientProxy]:
-        """Map partition id -> ClientProxy, asking each newly seen node its partition id once."""
-        client_manager.wait_for(self.federation.num_clients)
-        proxies: dict[int, ClientProxy] = {}
-        for cid, proxy in client_manager.all().items():
-            if cid not in self.partition_of:
-                res = proxy.get_properties(GetPropertiesIns(config={}), timeout=None, group_id=server_round)
-                pid = int(res.properties["partition_id"])
+        """Map partition id -> ClientProxy, asking each newly seen node its partition id once (in parallel).
+
+        Waits for all ``num_clients`` nodes before the first round only. Later rounds use the nodes that
+        are connected: a lost node's partition is skipped (deployment), a node that (re)joins is asked.
+        """
+        if not self.partition_of:
+            client_manager.wait_for(self.federation.num_clients)
+        nodes = client_manager.all()
+        new = [(cid, proxy) for cid, proxy in nodes.items() if cid not in self.partition_of]
+        if new:
+            timeout = self.cfg.round_timeout or None
+            with ThreadPoolExecutor(max_workers=min(16, len(new))) as pool:
+                futures = {cid: pool.submit(proxy.get_properties, GetPropertiesIns(config={}), timeout=timeout,
+                                            group_id=server_round) for cid, proxy in new}
+            for cid, future in futures.items():
+                try:
+                    pid = int(future.result().properties["partition_id"])
+                except Exception as exc:  # a node lost before answering: retried when seen again
+                    log(WARNING, "round %d: node %s did not report its partition id: %s", server_round, cid, exc)
+                    continue
                 if not 0 <= pid < self.federation.num_clients:
                     raise FedpersError(f"node {cid} reports partition-id {pid}, outside 0..{self.federation.num_clients - 1}")
                 self.partition_of[cid] = pid
-            proxies[self.partition_of[cid]] = proxy
+        proxies: dict[int, ClientProxy] = {}
+        for cid, proxy in nodes.items():
+            if cid in self.partition_of:
+                proxies[self.partition_of[cid]] = proxy  # a rejoined node (registered later) wins
         return proxies
 
     def _finish_round(self, server_round: int, per_client: dict[int, float] | None, extras: dict[str, Any]) -> None:
@@ -254,6 +317,7 @@ class FedPersStrategy(FedAvg):
             "fit_nodes": r.get("fit_nodes", {}),  # partition id -> node that trained it (Ray node id / host)
             "rejected_updates": r.get("rejected", 0),
             "failed_clients": r.get("failures", 0),
+            **r.get("extras", {}),  # method metrics of the round (e.g. JDFL's per-domain accuracy)
             **extras,
         }
         self.totals["bytes_up"] += record["bytes_up"]
@@ -261,6 +325,8 @@ class FedPersStrategy(FedAvg):
         self.history.append(record)
         if self.writer is not None:
             self.writer.append_round(record)
+        if self.cfg.checkpoint_dir:
+            self.save_checkpoint()
         elapsed = time.perf_counter() - self.started
         print(format_round_line(record, self.cfg.rounds, elapsed), flush=True)
         if server_round == self.cfg.rounds:

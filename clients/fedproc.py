@@ -1,0 +1,53 @@
+"""FedProc client (Mu et al., FGCS 2023): prototype-contrastive local training.
+
+Receives the model and the global class prototypes c_k (with an availability mask). Local loss
+(hybrid): ``(1 - a_t) L_task + a_t L_pc`` with L_pc the global prototypical contrastive loss
+``-log( exp(cos(z, c_y)/tau) / sum_k exp(cos(z, c_k)/tau) )`` on the backbone feature z
+(:func:`fedpers.optimizers.prototype_contrastive_loss`, tau = ``fedproc_tau``) and
+``a_t = 1 - t/T`` (:func:`fedpers.optimizers.fedproc_weight`). Before any prototype exists (round 1)
+the loss is the task loss. After training the client computes its class prototypes (mean backbone
+feature per class, eval mode) and uploads model, prototypes and class counts.
+
+Ours / simplified: FedProc's own network has a projection layer for the contrastive features; we use the
+backbone output (the head's input). The decaying weight a_t and tau are recalled from the FedProc paper,
+not checked against it (the JDFL paper gives no FedProc details).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from clients.scaffold import ServerStateClient
+from fedpers.federation import get_federation
+from fedpers.optimizers import class_prototypes, fedproc_weight, prototype_contrastive_loss
+from fedpers.training import backbone_features
+
+
+class FedProcClient(ServerStateClient):
+    """Hybrid CE + prototype-contrastive local loss; uploads class prototypes."""
+
+    expected_server_arrays = 2
+
+    def on_download(self) -> None:
+        """Global prototypes and which classes have one."""
+        protos, available = self.server_state
+        self.prototypes = torch.as_tensor(protos, dtype=torch.float32, device=self.device)
+        self.available = torch.as_tensor(available > 0, device=self.device)
+
+    def batch_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """(1 - a_t) task + a_t prototype-contrastive."""
+        z = self.model.backbone(x)
+        task = self.task_loss(self.model.head(z), y)
+        if not bool(self.available.any()):
+            return task
+        a = fedproc_weight(getattr(self, "server_round", 1), self.cfg.rounds)
+        pc = prototype_contrastive_loss(z, y, self.prototypes, self.cfg.fedproc_tau, self.available)
+        return (1.0 - a) * task + a * pc
+
+    def extra_upload(self) -> list[np.ndarray]:
+        """Local class prototypes and counts after training."""
+        num_classes = get_federation(self.cfg).num_classes
+        feats = backbone_features(self.model, self.data.train.x)
+        protos, counts = class_prototypes(feats, self.data.train.y, num_classes)
+        return [protos, counts]

@@ -1,0 +1,527 @@
+"""Real Flower deployment: SuperLink + SuperNodes as separate processes, TLS, SuperNode authentication.
+
+    fedpers deploy local --clients 3 [CONFIG.yaml] [--set key=value ...] --out DIR
+    fedpers deploy certs --out deploy/certs --nodes 3 [--host superlink ...]
+
+``deploy local`` makes a throwaway CA, a SuperLink certificate for 127.0.0.1/localhost and one EC
+(P-384) key pair per SuperNode (``cryptography``), starts ``flower-superlink`` with TLS and
+``--enable-supernode-auth`` on a free loopback port, registers every SuperNode public key with
+``flwr supernode register``, starts N ``flower-supernode`` processes (``partition-id=i
+num-partitions=N``), submits the experiment with ``flwr run`` (a SuperLink connection with the CA as
+root certificate, in a private ``FLWR_HOME`` under the output directory), waits for the run to end and
+stops every process it started, by process group (also on error and Ctrl-C). The ServerApp and
+ClientApps are the same ``fedpers.app`` objects as in simulation; results are the same
+``metrics.jsonl``/``summary.json``.
+
+Transport: Flower 1.42's SuperNode speaks only the Fleet API over HTTPS (protobuf over HTTP/1.1, served
+by the SuperLink's uvicorn on ``--host/--port`` together with the Control and Runtime APIs). The gRPC
+(grpc-rere) Fleet server still exists in the SuperLink behind an internal switch, but the 1.42 SuperNode
+has no gRPC client, so HTTPS is the transport. TLS and node authentication (signed request headers,
+checked against the registered public keys) work on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import ipaddress
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from fedpers.errors import FedpersError
+
+FEDERATION = "fedpers"  # name of the SuperLink connection in the private FLWR_HOME
+FLWR_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
+
+
+# --------------------------------------------------------------------------------------------------
+# PKI: throwaway CA, SuperLink certificate, SuperNode key pairs
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class Pki:
+    """Paths of the TLS material and SuperNode keys in one directory."""
+
+    dir: Path
+    ca_cert: Path
+    ca_key: Path
+    server_cert: Path
+    server_key: Path
+    node_keys: list[Path] = field(default_factory=list)  # OpenSSH private keys; public key = <path>.pub
+
+    def node_public(self, i: int) -> Path:
+        return self.node_keys[i].with_name(self.node_keys[i].name + ".pub")
+
+
+def make_ca(directory: Path, days: int = 30) -> tuple[Path, Path]:
+    """A self-signed CA (``ca.crt``, ``ca.key``)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    directory.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP384R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fedpers throwaway CA")])
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                         content_commitment=False, key_encipherment=False,
+                                         data_encipherment=False, key_agreement=False,
+                                         encipher_only=False, decipher_only=False), critical=True)
+            .sign(key, hashes.SHA256()))
+    ca_cert, ca_key = directory / "ca.crt", directory / "ca.key"
+    _write_private(ca_key, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                             serialization.NoEncryption()))
+    ca_cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return ca_cert, ca_key
+
+
+def make_server_cert(directory: Path, ca_cert: Path, ca_key: Path, hosts: Sequence[str],
+                     days: int = 30, stem: str = "server") -> tuple[Path, Path]:
+    """A server certificate signed by the CA, valid for ``hosts`` (DNS names and IP addresses)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    ca = x509.load_pem_x509_certificate(ca_cert.read_bytes())
+    signer = serialization.load_pem_private_key(ca_key.read_bytes(), None)
+    key = ec.generate_private_key(ec.SECP384R1())
+    sans: list[x509.GeneralName] = []
+    for host in hosts:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            sans.append(x509.DNSName(host))
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+            .issuer_name(ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
+            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .sign(signer, hashes.SHA256()))
+    pem, pkey = directory / f"{stem}.pem", directory / f"{stem}.key"
+    _write_private(pkey, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    pem.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return pem, pkey
+
+
+def make_node_key(path: Path) -> Path:
+    """An EC P-384 SuperNode key pair in OpenSSH format (``path`` private, ``path.pub`` public)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP384R1())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_private(path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                           serialization.NoEncryption()))
+    pub = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    path.with_name(path.name + ".pub").write_bytes(pub + f" {path.name}\n".encode())
+    return path
+
+
+def make_pki(directory: str | os.PathLike, num_nodes: int,
+             hosts: Sequence[str] = ("127.0.0.1", "localhost")) -> Pki:
+    """CA, SuperLink certificate for ``hosts`` and ``num_nodes`` SuperNode key pairs in ``directory``."""
+    d = Path(directory)
+    ca_cert, ca_key = make_ca(d)
+    cert, key = make_server_cert(d, ca_cert, ca_key, list(hosts))
+    nodes = [make_node_key(d / f"supernode-{i}.key") for i in range(num_nodes)]
+    return Pki(d, ca_cert, ca_key, cert, key, nodes)
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+# --------------------------------------------------------------------------------------------------
+# processes
+# --------------------------------------------------------------------------------------------------
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _bin(name: str) -> str:
+    """A console script next to this interpreter (the venv's), else from PATH."""
+    here = Path(sys.executable).parent / name
+    return str(here) if here.exists() else name
+
+
+def flower_env(flwr_home: Path | None = None, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment of every Flower process: telemetry off, no runtime `uv sync`, private FLWR_HOME."""
+    env = dict(os.environ)
+    env.update(FLWR_ENV)
+    env["PYTHONUNBUFFERED"] = "1"
+    if flwr_home is not None:
+        env["FLWR_HOME"] = str(flwr_home)
+    if extra:
+        env.update(extra)
+    return env
+
+
+class Proc:
+    """One started process in its own session/process group (pgid == its pid).
+
+    The process is not reaped until :meth:`stop`, so its PID and process group cannot be recycled while
+    we may still signal them: a signal sent here only ever reaches processes this object started.
+    """
+
+    def __init__(self, name: str, argv: list[str], log: Path, env: dict[str, str], cwd: Path | None = None):
+        self.name, self.argv, self.log_path = name, argv, log
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self._log = log.open("ab")
+        self.popen = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                      cwd=str(cwd) if cwd else None, start_new_session=True)
+        self.pid = self.popen.pid
+
+    def _unreaped_status(self) -> int | None:
+        """Exit status if the process ended (left unreaped), None while it runs."""
+        if self.popen.returncode is not None:
+            return self.popen.returncode
+        try:
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return self.popen.poll()
+        if info is None:
+            return None
+        return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+    def alive(self) -> bool:
+        return self._unreaped_status() is None
+
+    def exit_code(self) -> int | None:
+        """The exit code once ended (negative: killed by that signal), None while running."""
+        return self._unreaped_status()
+
+    def stop(self, grace: float = 5.0, sig: int = signal.SIGTERM) -> None:
+        """SIGTERM the process, its group and its descendants; SIGKILL what is left after ``grace``; reap."""
+        try:
+            if self.popen.returncode is None:  # not reaped: our PID/pgid, safe to signal
+                tree = _descendants(self.pid)
+                if self.alive():
+                    _signal_group(self.pid, sig)
+                    _signal_pids(tree, sig)
+                    end = time.monotonic() + grace
+                    while self.alive() and time.monotonic() < end:
+                        time.sleep(0.1)
+                _signal_pids(_descendants(self.pid) + tree, signal.SIGKILL)
+                _signal_group(self.pid, signal.SIGKILL)  # the leader is at most a zombie: pgid still ours
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.popen.wait(timeout=grace)
+        finally:
+            self._log.close()
+
+    def kill(self) -> None:
+        """Abrupt death of the process, its group and its descendants (fault injection), then reap."""
+        self.stop(grace=0.0, sig=signal.SIGKILL)
+
+    def tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _signal_pids(pids: Iterable[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def wait_for_port(host: str, port: int, timeout: float, proc: Proc | None = None) -> None:
+    """Block until ``host:port`` accepts TCP connections."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc is not None and not proc.alive():
+            raise FedpersError(f"{proc.name} exited with code {proc.exit_code()}:\n{proc.tail()}")
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
+            return
+        time.sleep(0.3)
+    raise FedpersError(f"nothing listens on {host}:{port} after {timeout:.0f} s")
+
+
+def _descendants(pid: int) -> list[int]:
+    """PIDs of every live descendant of ``pid`` (from /proc; empty where /proc is absent)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _stop_tree(proc: "Proc", grace: float) -> None:
+    """Stop ``proc``, its process group and every descendant (SuperExec may detach into its own group)."""
+    proc.stop(grace=grace)
+
+
+# --------------------------------------------------------------------------------------------------
+# a local deployment: SuperLink + N SuperNodes on 127.0.0.1
+# --------------------------------------------------------------------------------------------------
+def write_flwr_config(flwr_home: Path, address: str, root_cert: Path, name: str = FEDERATION) -> Path:
+    """A Flower CLI config (``FLWR_HOME/config.toml``) whose default SuperLink connection is ``name``."""
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    path = flwr_home / "config.toml"
+    path.write_text(f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\naddress = "{address}"\n'
+                    f'root-certificates = "{root_cert.resolve()}"\n')
+    return path
+
+
+class LocalDeployment:
+    """SuperLink + SuperNodes as separate processes on 127.0.0.1, TLS and SuperNode authentication.
+
+    Use as a context manager: every process it starts is stopped on exit (also on errors and Ctrl-C).
+    """
+
+    def __init__(self, root: str | os.PathLike, num_nodes: int, isolation: str = "subprocess",
+                 host: str = "127.0.0.1", startup_timeout: float = 120.0):
+        if isolation not in ("subprocess", "process"):
+            raise FedpersError(f"isolation must be subprocess or process, got {isolation!r}")
+        self.root = Path(root).resolve()
+        self.num_nodes = num_nodes
+        self.isolation = isolation
+        self.host = host
+        self.startup_timeout = startup_timeout
+        self.logs = self.root / "logs"
+        self.flwr_home = self.root / "flwr_home"
+        self.pki: Pki | None = None
+        self.port = 0
+        self.superlink: Proc | None = None
+        self.nodes: dict[int, Proc] = {}
+        self.executors: dict[int, Proc] = {}  # isolation=process: one flower-superexec per SuperNode
+        self.node_ports: dict[int, int] = {}
+        self._extra: list[Proc] = []
+        self._runs = 0
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+    def __enter__(self) -> "LocalDeployment":
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self) -> None:
+        """Certificates and keys, SuperLink, key registration, SuperNodes."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.pki = make_pki(self.root / "pki", self.num_nodes, hosts=(self.host, "localhost"))
+        self.port = free_port(self.host)
+        write_flwr_config(self.flwr_home, self.address, self.pki.ca_cert)
+        pki = self.pki
+        self.superlink = Proc("superlink", [
+            _bin("flower-superlink"), "--ssl-ca-certfile", str(pki.ca_cert), "--ssl-certfile", str(pki.server_cert),
+            "--ssl-keyfile", str(pki.server_key), "--enable-supernode-auth", "--host", self.host,
+            "--port", str(self.port), "--disable-runtime-dependency-installation",
+        ], self.logs / "superlink.log", self._env(self.flwr_home), cwd=self.root)
+        wait_for_port(self.host, self.port, self.startup_timeout, self.superlink)
+        for i in range(self.num_nodes):
+            self.register(pki.node_public(i))
+        for i in range(self.num_nodes):
+            self.start_node(i)
+
+    def stop(self) -> None:
+        """Stop every process this deployment started (SuperNodes and executors first, SuperLink last)."""
+        for proc in [*self._extra, *self.executors.values(), *self.nodes.values()]:
+            _stop_tree(proc, grace=3.0)
+        if self.superlink is not None:
+            _stop_tree(self.superlink, grace=5.0)
+        self._extra.clear()
+
+    def pids(self) -> list[int]:
+        """PIDs of the processes started directly (their children are stopped with them)."""
+        procs = [self.superlink, *self.nodes.values(), *self.executors.values(), *self._extra]
+        return [p.pid for p in procs if p is not None]
+
+    # --- SuperNodes ----------------------------------------------------------------------------------
+    def register(self, public_key: Path) -> None:
+        """Register a SuperNode public key with the SuperLink (``flwr supernode register``)."""
+        res = self.flwr(["supernode", "register", str(public_key), FEDERATION], timeout=120)
+        if res.returncode != 0 or "registered successfully" not in res.stdout:
+            raise FedpersError(f"flwr supernode register {public_key.name} failed:\n{res.stdout}{res.stderr}")
+
+    def start_node(self, i: int, key: Path | None = None, name: str | None = None,
+                   num_partitions: int | None = None, state_dir: str | None = None) -> Proc:
+        """Start SuperNode ``i`` (partition-id ``i``), authenticated with its key (or ``key``)."""
+        assert self.pki is not None
+        key = key or self.pki.node_keys[i]
+        name = name or f"supernode-{i}"
+        port = self.node_ports.get(i) if name == f"supernode-{i}" else None
+        port = port or free_port(self.host)
+        node_config = f"partition-id={i} num-partitions={num_partitions or self.num_nodes}"
+        if state_dir:
+            node_config += f' state-dir="{state_dir}"'
+        home = self.root / f"home-{name}"
+        argv = [_bin("flower-supernode"), "--superlink", self.address, "--root-certificates", str(self.pki.ca_cert),
+                "--auth-supernode-private-key", str(key), "--node-config", node_config,
+                "--host", self.host, "--port", str(port), "--isolation", self.isolation]
+        proc = Proc(name, argv, self.logs / f"{name}.log", self._env(home), cwd=self.root)
+        if name != f"supernode-{i}":
+            self._extra.append(proc)
+            return proc
+        self.nodes[i] = proc
+        self.node_ports[i] = port
+        if self.isolation == "process":  # the ClientApp executor runs as its own process
+            wait_for_port(self.host, port, self.startup_timeout, proc)
+            self.executors[i] = Proc(f"superexec-{i}", [
+                _bin("flower-superexec"), "--runtime-api-address", f"{self.host}:{port}", "--insecure"],
+                self.logs / f"superexec-{i}.log", self._env(home), cwd=self.root)
+        return proc
+
+    def kill_node(self, i: int) -> None:
+        """SIGKILL SuperNode ``i`` and its children (fault injection); its state dir is kept."""
+        for procs in (self.executors, self.nodes):
+            proc = procs.pop(i, None)
+            if proc is not None:
+                proc.kill()
+
+    def node_id(self, i: int) -> str | None:
+        """Flower node id of SuperNode ``i`` (from its log), once it connected."""
+        proc = self.nodes.get(i)
+        path = proc.log_path if proc else self.logs / f"supernode-{i}.log"
+        ids = re.findall(r"SuperNode ID: (\d+)", path.read_text(errors="replace")) if path.is_file() else []
+        return ids[-1] if ids else None
+
+    def node_status(self) -> dict[str, str]:
+        """Node id -> status (online, offline, registered, ...) as the SuperLink reports it."""
+        res = self.flwr(["supernode", "ls", FEDERATION, "--format", "json"])
+        text = res.stdout[res.stdout.find("{"):] if "{" in res.stdout else "{}"
+        try:
+            nodes = json.loads(text).get("nodes", [])
+        except json.JSONDecodeError:
+            return {}
+        return {str(n.get("node-id")): str(n.get("status")) for n in nodes}
+
+    # --- runs ----------------------------------------------------------------------------------------
+    def flwr(self, args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+        """Run the ``flwr`` CLI against this deployment's private FLWR_HOME."""
+        return subprocess.run([_bin("flwr"), *args], env=self._env(self.flwr_home), capture_output=True,
+                              text=True, timeout=timeout, cwd=self.root)
+
+    def submit(self, cfg) -> Proc:
+        """``flwr run`` of ``cfg`` (streamed to a log); returns the running ``flwr run`` process."""
+        from fedpers.simulation import write_app_dir
+
+        self._runs += 1
+        app = write_app_dir(cfg, self.root / f"app-{self._runs}")
+        proc = Proc(f"flwr-run-{self._runs}", [_bin("flwr"), "run", str(app), FEDERATION, "--stream"],
+                    self.logs / f"flwr-run-{self._runs}.log", self._env(self.flwr_home), cwd=self.root)
+        self._extra.append(proc)
+        return proc
+
+    def wait(self, run: Proc, cfg, timeout: float) -> dict:
+        """Wait for a submitted run to end; return its summary, or raise with the run's error line."""
+        from fedpers.results import read_summary
+
+        end = time.monotonic() + timeout
+        while run.alive() and time.monotonic() < end:
+            time.sleep(1.0)
+        if run.alive():
+            _stop_tree(run, grace=2.0)
+            raise FedpersError(f"the run did not finish within {timeout:.0f} s (log: {run.log_path})")
+        summary_path = Path(cfg.out_dir) / "summary.json"
+        log = run.log_path.read_text(errors="replace")
+        if not summary_path.is_file() or run_error(log):
+            raise FedpersError(run_error(log) or f"the run ended without {summary_path} (log: {run.log_path})")
+        return read_summary(cfg.out_dir)
+
+    def run(self, cfg, timeout: float = 3600) -> dict:
+        """Submit ``cfg`` and wait for its summary."""
+        return self.wait(self.submit(cfg), cfg, timeout)
+
+    def _env(self, flwr_home: Path) -> dict[str, str]:
+        env = flower_env(flwr_home)
+        env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+        return env
+
+
+def run_error(log: str) -> str | None:
+    """The fedpers error of a failed run in its streamed log (``FedpersError: ...``), if any."""
+    for line in log.splitlines():
+        if "FedpersError:" in line:
+            return line.split("FedpersError:", 1)[1].strip()
+    return None
+
+
+def deploy_config(cfg, out: Path, resume: bool):
+    """``cfg`` with absolute paths and, unless set, client state and checkpoint under ``out``."""
+    import shutil
+
+    changes: dict[str, object] = {"out_dir": str(out)}
+    for key in ("dataset", "data_dir", "partition_file"):
+        value = str(cfg[key])
+        if value and Path(value).exists():
+            changes[key] = str(Path(value).resolve())
+    state = Path(cfg.client_state_dir).resolve() if cfg.client_state_dir else out / "deploy" / "state"
+    ckpt = Path(cfg.checkpoint_dir).resolve() if cfg.checkpoint_dir else out / "checkpoint"
+    if not resume and not cfg.client_state_dir and state.exists():
+        shutil.rmtree(state)  # a fresh experiment must not pick up another run's heads
+    changes.update(client_state_dir=str(state), checkpoint_dir=str(ckpt))
+    return cfg.replace(**changes)
+
+
+def deploy_local(cfg, clients: int, out: str | os.PathLike, isolation: str = "subprocess",
+                 timeout: float = 3600) -> dict:
+    """``fedpers deploy local``: run ``cfg`` on a fresh loopback deployment of ``clients`` SuperNodes."""
+    out = Path(out).resolve()
+    if clients != cfg.num_clients:
+        cfg = cfg.replace(num_clients=clients)
+    cfg = deploy_config(cfg, out, resume=bool(cfg.resume))
+    out.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(ValueError):  # not in the main thread: Ctrl-C still works
+        signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill` of this command stops what it started
+    with LocalDeployment(out / "deploy", clients, isolation=isolation) as dep:
+        print(f"fedpers | deploy: SuperLink https://{dep.address} (TLS, SuperNode auth, pid {dep.superlink.pid}), "
+              f"{clients} SuperNodes ({isolation} isolation), logs {dep.logs}", flush=True)
+        run = dep.submit(cfg)
+        return dep.wait(run, cfg, timeout)
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def make_certs(out: str | os.PathLike, nodes: int, hosts: Iterable[str]) -> Pki:
+    """``fedpers deploy certs``: CA, SuperLink certificate for ``hosts``, SuperNode key pairs."""
+    return make_pki(out, nodes, hosts=tuple(hosts))

@@ -1,0 +1,133 @@
+"""On-disk state of a deployed run: a client's persistent arrays and the server's checkpoint.
+
+Both are one ``.npz`` file each, written atomically (a temp file in the same directory, fsynced, then
+``os.replace``), so a process killed mid-write leaves the previous version intact. A file holds named
+float/int arrays plus one JSON metadata object (stored as the uint8 array ``__meta__``).
+
+Layout of a client state directory (``client_state_dir``, or the SuperNode's node-config ``state-dir``)::
+
+    <dir>/partition-<pid>/<name>.npz      arrays saved by FedPersClient.save_state(name, arrays)
+
+A file's metadata carries a fingerprint of the experiment (the config without the keys that only steer
+how a run is executed), so state from another experiment in the same directory is ignored, not loaded.
+numpy + json (+ the config schema's defaults): no Flower, no torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+META_KEY = "__meta__"
+FORMAT_VERSION = 1
+
+# Keys that change how/where a run executes, not what is learned: they do not enter the fingerprint,
+# so e.g. extending `rounds` or moving `out_dir` keeps the saved state usable.
+MECHANICS_KEYS = frozenset({
+    "out_dir", "rounds", "eval_every", "device", "client_cpus", "client_gpus",
+    "client_state_dir", "checkpoint_dir", "resume", "round_timeout",
+})
+
+
+def config_fingerprint(config: Mapping[str, Any]) -> str:
+    """Short hash of the experiment-defining part of a config: the keys that differ from the schema
+    defaults, less the run mechanics (so keys added to the schema later, with defaults, change nothing)."""
+    from fedpers.config import defaults  # the schema only (no Flower, no torch)
+
+    default = defaults()
+    items = {k: config[k] for k in sorted(config)
+             if k not in MECHANICS_KEYS and (k not in default or config[k] != default[k])}
+    return hashlib.sha256(json.dumps(items, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def atomic_save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> Path:
+    """Write ``arrays`` and ``meta`` to ``path`` atomically (temp file + fsync + os.replace)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if META_KEY in arrays:
+        raise ValueError(f"array name {META_KEY!r} is reserved")
+    payload = {k: np.asarray(v) for k, v in arrays.items()}
+    payload[META_KEY] = np.frombuffer(json.dumps(dict(meta), default=_json_default).encode(), dtype=np.uint8)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def load_npz(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """``(arrays, meta)`` of a file written by :func:`atomic_save_npz`."""
+    with np.load(Path(path), allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files if k != META_KEY}
+        meta = json.loads(bytes(data[META_KEY]).decode()) if META_KEY in data.files else {}
+    return arrays, meta
+
+
+class ClientStateStore:
+    """A SuperNode's persistent client state: one file per saved name, under ``partition-<pid>/``."""
+
+    def __init__(self, root: str | os.PathLike, partition_id: int, fingerprint: str):
+        self.dir = Path(root) / f"partition-{int(partition_id)}"
+        self.partition_id = int(partition_id)
+        self.fingerprint = fingerprint
+
+    def path(self, name: str) -> Path:
+        if not name or "/" in name or name.startswith("."):
+            raise ValueError(f"bad state name {name!r}")
+        return self.dir / f"{name}.npz"
+
+    def save(self, name: str, arrays: Sequence[np.ndarray], **meta: Any) -> Path:
+        """Save a list of arrays under ``name`` (atomically)."""
+        named = {f"a{i:04d}": np.asarray(a) for i, a in enumerate(arrays)}
+        info = {"format": FORMAT_VERSION, "name": name, "partition_id": self.partition_id,
+                "fingerprint": self.fingerprint, "count": len(named), **meta}
+        return atomic_save_npz(self.path(name), named, info)
+
+    def load(self, name: str) -> list[np.ndarray] | None:
+        """The arrays saved under ``name``; None when absent or saved by another experiment/partition."""
+        path = self.path(name)
+        if not path.is_file():
+            return None
+        arrays, meta = load_npz(path)
+        if meta.get("fingerprint") != self.fingerprint or meta.get("partition_id") != self.partition_id:
+            return None
+        return [arrays[f"a{i:04d}"] for i in range(int(meta.get("count", len(arrays))))]
+
+    def names(self) -> list[str]:
+        """Names with a saved file."""
+        return sorted(p.stem for p in self.dir.glob("*.npz")) if self.dir.is_dir() else []
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

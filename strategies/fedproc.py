@@ -1,0 +1,47 @@
+"""FedProc server (Mu et al., FGCS 2023): FedAvg on the model plus global class prototypes.
+
+Broadcast: the model, the global prototypes (C x feature_dim) and a 0/1 availability mask (C,) of the
+classes that have a prototype yet. Upload: the model, the client's class prototypes (mean backbone
+feature per class after local training) and its class counts. Server: sample-weighted model average;
+global prototype of class k = count-weighted mean of the clients' class-k prototypes
+(:func:`fedpers.optimizers.aggregate_prototypes`); classes nobody reported keep their prototype.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedpers.models import set_arrays
+from fedpers.optimizers import aggregate_prototypes
+from strategies.scaffold import ServerStateStrategy
+
+
+class FedProcStrategy(ServerStateStrategy):
+    """FedProc: global class prototypes next to the model."""
+
+    def _dims(self) -> tuple[int, int]:
+        return self.federation.num_classes, int(self.model.head.in_features)
+
+    def initial_server_state(self) -> list[np.ndarray]:
+        """No prototypes yet: zeros and an all-zero availability mask."""
+        c, f = self._dims()
+        return [np.zeros((c, f), np.float32), np.zeros(c, np.float32)]
+
+    def extra_upload_shapes(self) -> list[tuple[int, ...]]:
+        """Local prototypes (C x F) and class counts (C,)."""
+        c, f = self._dims()
+        return [(c, f), (c,)]
+
+    def aggregate(self, server_round: int, valid):
+        """Model average; count-weighted prototype average."""
+        models, protos = self.split(valid)
+        previous, available = self.server_state
+        local = [(a[0], a[1]) for a, _ in protos]
+        counts = np.sum([n for _, n in local], axis=0)
+        self.server_state = [aggregate_prototypes(local, previous),
+                             np.maximum(available, (counts > 0).astype(np.float32))]
+        return self.aggregate_model(models)
+
+    def apply_aggregate(self, server_round: int, aggregated: list[np.ndarray]) -> None:
+        """Install the averaged model."""
+        set_arrays(self.model, aggregated, "all", source="aggregate")

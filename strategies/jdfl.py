@@ -1,0 +1,199 @@
+"""JDFL server side, as a wrapper over any global optimizer's Strategy (config ``jdfl: graded | random |
+hard`` next to ``method: fedavg | scaffold | feddyn | feddc | fedproc | moon``); no optimizer code is
+copied: :func:`with_jdfl` composes :class:`JDFLStrategyMixin` with the method's class.
+
+Where JDFL sits in the round structure (our choice): **Phase 1 runs inside round 1's configure_fit**,
+before the round's clients are sampled. The server sends the seeded initial model theta^0 (C-class head)
+to *every* client through Flower's client proxies (``ClientProxy.fit`` with config
+``jdfl_phase=discovery``, in parallel, as the base strategy asks partition ids); each client trains E0
+epochs of plain cross-entropy SGD from theta^0 and returns only its update on the layer subset
+(``jdfl_layers``). The server checks every update (shapes, finiteness), l2-normalises, clusters with
+K-means and picks M (fixed ``jdfl_m``, elbow or silhouette), records z_i, centroids and the ARI against
+the true client domains when the data has domain ids. **Phase 2**: the head is replaced by a seeded
+``Linear(F, M*C)`` (backbone = theta^0; the discovery updates are discarded) and the optimizer's server
+state is rebuilt for the new shapes, all before round 1 trains. Rounds 1..R are then the optimizer's own,
+except that each client's FitIns config carries M and its pseudo-domain mass row (graded: alpha on z_i,
+(1-alpha) w_{z_i d'} elsewhere; hard ablation: one-hot z_i). Discovery traffic is counted in round 1's
+bytes. The global model is evaluated with class-only accuracy on the union of the clients' test splits,
+and per domain (``global_acc_domain_<name>``) when the data has domain ids.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from concurrent.futures import ThreadPoolExecutor
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.common import FitIns, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common.logger import log
+
+from fedpers.errors import FedpersError
+from fedpers.jdfl import (adjusted_rand_index, centroid_similarity_weights, class_only_predictions, default_alpha,
+                          discover_domains, graded_domain_row, hard_domain_row, per_domain_accuracy)
+from fedpers.models import array_shapes, expand_head, get_arrays, layer_subset_names
+from fedpers.training import predict_logits
+from fedpers.validation import update_problem
+from strategies.base import parameters_nbytes
+
+HEAD_SEED_OFFSET = 7919  # seed stream of the expanded head's init (server and clients agree via the broadcast)
+
+
+def marginal_class_log_probs(logits: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """log p(c | x) = logsumexp_d log softmax(logits)_{j(d, c)}: the class marginal of the joint softmax
+    (used for the evaluation loss only; accuracy is class-only argmax)."""
+    m = logits.shape[1] // num_classes
+    log_p = torch.log_softmax(logits, dim=1).view(len(logits), m, num_classes)
+    return torch.logsumexp(log_p, dim=1)
+
+
+class JDFLStrategyMixin:
+    """Discovery before round 1, M x C head, per-client targets config, class-only evaluation."""
+
+    def __init__(self, *args, **kwargs):
+        self.discovery = None
+        self.jdfl_info: dict[str, Any] = {}
+        self.client_rows: dict[int, np.ndarray] = {}
+        super().__init__(*args, **kwargs)
+
+    # --- Phase 1 + 2 -------------------------------------------------------------------------------------
+    def run_discovery(self, client_manager, server_round: int) -> int:
+        """Phase 1 on every connected client, then Phase 2 (head expansion). Returns the bytes sent."""
+        cfg = self.cfg
+        proxies = self._proxies_by_partition(client_manager, server_round)
+        names = layer_subset_names(self.model, cfg.jdfl_layers)
+        state = self.model.state_dict()
+        shapes = [tuple(state[n].shape) for n in names]
+        params = ndarrays_to_parameters(get_arrays(self.model, "all"))
+        ins = FitIns(params, {"server_round": 0, "jdfl_phase": "discovery"})
+        timeout = cfg.round_timeout or None
+        with ThreadPoolExecutor(max_workers=min(16, max(1, len(proxies)))) as pool:
+            futures = {pid: pool.submit(proxy.fit, ins, timeout=timeout, group_id=server_round)
+                       for pid, proxy in proxies.items()}
+        vectors: dict[int, np.ndarray] = {}
+        nbytes = parameters_nbytes(params) * len(proxies)
+        for pid, future in sorted(futures.items()):
+            try:
+                res = future.result()
+                nbytes += parameters_nbytes(res.parameters)
+                arrays = parameters_to_ndarrays(res.parameters)
+                problem = update_problem(arrays, shapes, res.num_examples, self._max_samples(pid))
+            except Exception as exc:  # a client lost during discovery
+                problem = f"{type(exc).__name__}: {exc}"
+            if problem:
+                log(WARNING, "JDFL discovery: update of client %s left out: %s", pid, problem)
+                continue
+            vectors[pid] = np.concatenate([np.asarray(a, np.float64).ravel() for a in arrays])
+        if not vectors:
+            raise FedpersError("JDFL discovery: no client returned a valid update vector")
+        pids = sorted(vectors)
+        found = discover_domains(np.stack([vectors[p] for p in pids]), num_domains=cfg.jdfl_m,
+                                 select=cfg.jdfl_select, max_domains=cfg.jdfl_max_m, seed=cfg.seed)
+        assignments = {p: z for p, z in zip(pids, found.assignments)}
+        for p in range(self.federation.num_clients):  # a client missing from discovery: pseudo-domain 0
+            assignments.setdefault(p, 0)
+        self.install_discovery(found.num_domains, assignments, found.centroids,
+                               info={**found.to_json(), "clustered_clients": pids})
+        return nbytes
+
+    def install_discovery(self, num_domains: int, assignments: dict[int, int], centroids: np.ndarray,
+                          info: dict[str, Any] | None = None) -> None:
+        """Record M, z_i and centroids, build each client's pseudo-domain mass row, expand the head."""
+        cfg = self.cfg
+        m = int(num_domains)
+        alpha = cfg.jdfl_alpha if cfg.jdfl_alpha > 0 else default_alpha(m)
+        weights = centroid_similarity_weights(centroids, cfg.jdfl_tau)
+        for pid, z in assignments.items():
+            self.client_rows[pid] = (graded_domain_row(z, weights, alpha) if cfg.jdfl == "graded"
+                                     else hard_domain_row(z, m))  # random draws per sample on the client
+        true = self.federation.client_domains()
+        order = sorted(assignments)
+        ari = adjusted_rand_index([true[p] for p in order], [assignments[p] for p in order]) if true else None
+        self.discovery = {"M": m, "assignments": [int(assignments[p]) for p in order],
+                          "centroids": np.asarray(centroids, np.float64)}
+        self.jdfl_info = {**(info or {}), "M": m, "assignments": [int(assignments[p]) for p in order],
+                          "true_domains": true, "ari": ari, "mode": cfg.jdfl,
+                          "alpha": alpha if cfg.jdfl == "graded" else None,
+                          "tau": cfg.jdfl_tau if cfg.jdfl == "graded" else None,
+                          "phi": cfg.jdfl_phi if cfg.jdfl == "random" else None,
+                          "similarity_weights": weights.tolist()}
+        log(INFO, "JDFL discovery: M=%d (%s), z=%s, ARI=%s", m, self.jdfl_info.get("criterion", "given"),
+            self.jdfl_info["assignments"], ari)
+        num_classes = self.federation.num_classes
+        expand_head(self.model, m * num_classes, seed=cfg.seed + HEAD_SEED_OFFSET)
+        if hasattr(self, "reset_model_state"):
+            self.reset_model_state()  # optimizer state (SCAFFOLD c, FedDyn h, ...) for the new shapes
+        else:
+            self.upload_shapes = array_shapes(self.model, self.upload_part)
+
+    # --- Flower Strategy hooks ------------------------------------------------------------------------------
+    def configure_fit(self, server_round, parameters, client_manager):
+        """Round 1: discovery first (Phase 1-2); every round: per-client M and target row in the config."""
+        discovery_bytes = 0
+        if self.discovery is None:
+            started = time.perf_counter()
+            discovery_bytes = self.run_discovery(client_manager, server_round)
+            self.jdfl_info["discovery_seconds"] = time.perf_counter() - started
+            parameters = ndarrays_to_parameters(self.download_arrays())
+        pairs = super().configure_fit(server_round, parameters, client_manager)
+        if discovery_bytes:
+            self._round["bytes_down"] += discovery_bytes  # discovery traffic belongs to round 1
+            self._round.setdefault("extras", {}).update(
+                jdfl_M=self.discovery["M"], jdfl_ari=self.jdfl_info["ari"],
+                jdfl_discovery_seconds=self.jdfl_info["discovery_seconds"])
+        out = []
+        for proxy, ins in pairs:
+            pid = self.partition_of[proxy.cid]
+            config = {**ins.config, "jdfl_m": self.discovery["M"],
+                      "jdfl_row": ",".join(f"{v:.17g}" for v in self.client_rows.get(pid, np.ones(1)))}
+            out.append((proxy, FitIns(ins.parameters, config)))
+        return out
+
+    def evaluate(self, server_round, parameters):
+        """Class-only accuracy of the global M x C model on the global test set, and per domain."""
+        if (server_round == 0 or self.discovery is None or not self.has_global_model
+                or not self._is_eval_round(server_round)):
+            return super().evaluate(server_round, parameters)
+        test = self.federation.test(self.device)
+        num_classes = self.federation.num_classes
+        logits = predict_logits(self.model, test.x)
+        pred = class_only_predictions(logits, num_classes)
+        acc = (pred == test.y).float().mean().item()
+        loss = torch.nn.functional.nll_loss(marginal_class_log_probs(logits, num_classes), test.y).item()
+        self._round["global_acc"] = acc
+        extras = self._round.setdefault("extras", {})
+        domains = self.federation.test_domains()
+        if domains is not None:
+            names = self.federation.dataset.domain_names
+            for d, a in per_domain_accuracy(pred.cpu().numpy(), test.y.cpu().numpy(), domains).items():
+                extras[f"global_acc_domain_{names[d] if d < len(names) else d}"] = a
+        return loss, {"global_acc": acc}
+
+    def summary_extras(self) -> dict[str, Any]:
+        """The discovery record: M, z_i, selection curve, ARI, target parameters."""
+        return {**super().summary_extras(), "jdfl": self.jdfl_info}
+
+    # --- checkpoint / resume -----------------------------------------------------------------------------
+    def extra_state(self) -> dict[str, Any]:
+        out = dict(super().extra_state())
+        if self.discovery is not None:
+            out.update(jdfl_M=self.discovery["M"], jdfl_assignments=np.asarray(self.discovery["assignments"]),
+                       jdfl_centroids=self.discovery["centroids"])
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        extra = state.get("extra", {})
+        if "jdfl_M" in extra and self.discovery is None:  # re-expand before the checkpointed model is loaded
+            z = {p: int(v) for p, v in enumerate(np.asarray(extra["jdfl_assignments"]).tolist())}
+            self.install_discovery(int(extra["jdfl_M"]), z, np.asarray(extra["jdfl_centroids"]))
+        super().load_state_dict(state)
+
+
+@functools.lru_cache(maxsize=None)
+def with_jdfl(strategy_cls: type) -> type:
+    """``strategy_cls`` with JDFL: a subclass of both (JDFL hooks first in the MRO)."""
+    return type(f"JDFL{strategy_cls.__name__}", (JDFLStrategyMixin, strategy_cls),
+                {"__module__": __name__, "__doc__": f"JDFL over {strategy_cls.__name__}."})

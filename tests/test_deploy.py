@@ -1,0 +1,406 @@
+"""Deployment: state store and checkpoint units, docker-compose consistency, and real multi-process
+SuperLink/SuperNode runs on 127.0.0.1 with TLS and SuperNode authentication (marker ``deployment``).
+
+The deployment tests share one SuperLink + 3 SuperNodes (module fixture); every process they start is
+stopped by process group / PID in the fixture's teardown.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from flwr.app import Context, RecordDict
+
+from fedpers.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
+from fedpers.config import build_config
+from fedpers.errors import FedpersError
+from fedpers.results import read_metrics, read_summary
+from fedpers.state_store import ClientStateStore, atomic_save_npz, config_fingerprint, load_npz
+from tests.conftest import ROOT, tiny_overrides
+
+BIN = Path(sys.executable).parent
+
+
+# ------------------------------------------------------------------------------------------------
+# units: state store, client state across a restart, server checkpoint
+# ------------------------------------------------------------------------------------------------
+def test_state_store_round_trip_and_guards(tmp_path):
+    store = ClientStateStore(tmp_path, partition_id=2, fingerprint="abc")
+    assert store.load("personal") is None and store.names() == []
+    arrays = [np.arange(6, dtype=np.float32).reshape(2, 3), np.array([1, 2], dtype=np.int64)]
+    path = store.save("personal", arrays)
+    assert path == tmp_path / "partition-2" / "personal.npz"
+    back = store.load("personal")
+    assert [a.dtype for a in back] == [np.float32, np.int64]
+    assert all(np.array_equal(a, b) for a, b in zip(arrays, back))
+    store.save("personal", [arrays[0] * 2])  # overwrite
+    assert np.array_equal(store.load("personal")[0], arrays[0] * 2) and len(store.load("personal")) == 1
+    assert store.names() == ["personal"]
+    assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]  # no temp files left
+    assert ClientStateStore(tmp_path, 2, "other-experiment").load("personal") is None
+    with pytest.raises(ValueError):
+        store.save("../escape", arrays)
+
+
+def test_atomic_write_keeps_the_previous_file_when_interrupted(tmp_path, monkeypatch):
+    path = tmp_path / "x.npz"
+    atomic_save_npz(path, {"a": np.ones(3)}, {"round": 1})
+
+    def boom(*args, **kwargs):
+        raise KeyboardInterrupt  # killed mid-write
+
+    monkeypatch.setattr(np, "savez", boom)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_save_npz(path, {"a": np.zeros(3)}, {"round": 2})
+    arrays, meta = load_npz(path)
+    assert meta == {"round": 1} and np.array_equal(arrays["a"], np.ones(3))
+    assert [p.name for p in tmp_path.iterdir()] == ["x.npz"]
+
+
+def test_fingerprint_ignores_run_mechanics_only():
+    a = build_config(tiny_overrides())
+    assert config_fingerprint(a) == config_fingerprint(a.replace(rounds=9, out_dir="/x", client_state_dir="/s",
+                                                                 checkpoint_dir="/c", resume=True, round_timeout=5))
+    assert config_fingerprint(a) != config_fingerprint(a.replace(alpha=0.3))
+
+
+def _context(pid: int, state_dir: str = "") -> Context:
+    node_config = {"partition-id": pid, "num-partitions": 3}
+    if state_dir:
+        node_config["state-dir"] = state_dir
+    return Context(run_id=1, node_id=100 + pid, node_config=node_config, state=RecordDict(), run_config={})
+
+
+def test_client_state_survives_a_supernode_restart(tmp_path):
+    from clients.base import STATE_PREFIX, arrays_digest
+    from clients.pfedkdh import PFedKDHClient
+    from fedpers.federation import get_federation
+    from fedpers.models import build_model, get_arrays
+
+    cfg = build_config(tiny_overrides(client_state_dir=str(tmp_path / "state")))
+    fed = get_federation(cfg)
+    broadcast = get_arrays(build_model(fed.input_shape, fed.num_classes, feature_dim=cfg.feature_dim,
+                                       dropout=cfg.dropout, seed=cfg.seed), "all")
+    client = PFedKDHClient(cfg, _context(1))
+    _, _, metrics = client.fit(broadcast, {"server_round": 1})
+    assert (tmp_path / "state" / "partition-1" / "personal.npz").is_file()
+    restarted = PFedKDHClient(cfg, _context(1))  # fresh context.state: the SuperNode restarted
+    assert restarted.context.state.get(STATE_PREFIX + "personal") is None
+    assert arrays_digest(restarted.load_state("personal")) == metrics["state_digest"]
+    _, _, eval_metrics = restarted.evaluate(broadcast, {"server_round": 1})
+    assert eval_metrics["state_digest"] == metrics["state_digest"]
+    # in-memory only (default): nothing written, nothing restored
+    plain = build_config(tiny_overrides())
+    PFedKDHClient(plain, _context(0)).fit(broadcast, {"server_round": 1})
+    assert PFedKDHClient(plain, _context(0)).load_state("personal") is None
+    # the node config's state-dir wins over client_state_dir
+    PFedKDHClient(cfg, _context(2, str(tmp_path / "node2"))).fit(broadcast, {"server_round": 1})
+    assert (tmp_path / "node2" / "partition-2" / "personal.npz").is_file()
+
+
+def test_checkpoint_round_trip(tmp_path):
+    import torch
+
+    from fedpers.federation import get_federation
+    from fedpers.registry import get_method
+    from fedpers.results import ResultsWriter
+
+    cfg = build_config(tiny_overrides(checkpoint_dir=str(tmp_path / "ckpt"), out_dir=str(tmp_path / "a")))
+    fed = get_federation(cfg)
+    cls = get_method(cfg.method).strategy_class()
+    strategy = cls(cfg, fed, ResultsWriter(cfg.out_dir))
+    with torch.no_grad():
+        for p in strategy.model.parameters():
+            p.add_(0.5)
+    record = {"round": 1, "global_acc": 0.5, "personalized_macro_acc": 0.25, "per_client_acc": {"0": 0.25},
+              "train_loss": 1.0, "bytes_up": 10, "bytes_down": 20, "round_seconds": 0.1, "fit_clients": [0]}
+    strategy.history.append(record)
+    strategy.totals = {"bytes_up": 10, "bytes_down": 20}
+    strategy.last_fit_digest = {0: "d0"}
+    strategy.save_checkpoint()
+    assert checkpoint_path(cfg.checkpoint_dir).is_file()
+
+    resumed_cfg = cfg.replace(rounds=5, resume=True, out_dir=str(tmp_path / "b"))
+    resumed = cls(resumed_cfg, fed, ResultsWriter(resumed_cfg.out_dir))
+    state = load_checkpoint(cfg.checkpoint_dir, resumed_cfg.to_dict())
+    assert state["round"] == 1
+    resumed.load_state_dict(state)
+    for a, b in zip(strategy.model.state_dict().values(), resumed.model.state_dict().values()):
+        assert torch.equal(a, b)
+    assert resumed.history == [record] and resumed.totals == strategy.totals
+    assert resumed.last_fit_digest == {0: "d0"}
+    assert read_metrics(resumed_cfg.out_dir) == [record]  # metrics.jsonl continues after the done rounds
+    with pytest.raises(FedpersError, match="different experiment.*alpha"):
+        load_checkpoint(cfg.checkpoint_dir, cfg.replace(alpha=0.3).to_dict())
+    with pytest.raises(FedpersError, match="no checkpoint"):
+        load_checkpoint(tmp_path / "nowhere")
+
+
+def test_deploy_cli_certs_and_bad_input(tmp_path, capsys):
+    from fedpers.cli import main
+
+    assert main(["deploy", "certs", "--out", str(tmp_path / "c"), "--nodes", "2", "--host", "fl.example.org"]) == 0
+    assert {p.name for p in (tmp_path / "c").iterdir()} == {
+        "ca.crt", "ca.key", "server.pem", "server.key", "supernode-0.key", "supernode-0.key.pub",
+        "supernode-1.key", "supernode-1.key.pub"}
+    assert oct((tmp_path / "c" / "supernode-0.key").stat().st_mode & 0o777) == "0o600"
+    assert main(["deploy", "local", "--clients", "0", "--out", str(tmp_path / "o")]) == 2
+    assert "--clients must be >= 1" in capsys.readouterr().err
+
+
+def test_deploy_config_paths_state_and_resume(tmp_path):
+    from fedpers.deploy import deploy_config
+
+    out = tmp_path / "out"
+    stale = out / "deploy" / "state" / "partition-0"
+    stale.mkdir(parents=True)
+    cfg = deploy_config(build_config(tiny_overrides()), out, resume=False)
+    assert cfg.out_dir == str(out) and cfg.client_state_dir == str(out / "deploy" / "state")
+    assert cfg.checkpoint_dir == str(out / "checkpoint") and not stale.exists()  # a fresh run: no stale heads
+    stale.mkdir(parents=True)
+    deploy_config(build_config(tiny_overrides(resume=True)), out, resume=True)
+    assert stale.exists()  # resume keeps the clients' state
+
+
+# ------------------------------------------------------------------------------------------------
+# docker-compose.yml, Dockerfiles, edge client
+# ------------------------------------------------------------------------------------------------
+def _help_flags(command: str) -> set[str]:
+    env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
+    out = subprocess.run([str(BIN / command), "--help"], capture_output=True, text=True, env=env, timeout=120)
+    return set(re.findall(r"(--[a-z][a-z0-9-]*)", out.stdout))
+
+
+def _flags(argv: list[str]) -> list[str]:
+    return [a.split("=", 1)[0] for a in argv if a.startswith("--")]
+
+
+@pytest.fixture(scope="module")
+def compose():
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def test_compose_services_and_tls(compose):
+    services = compose["services"]
+    supernodes = sorted(s for s in services if s.startswith("supernode-"))
+    assert {"superlink", "serverapp", "register-supernodes"} <= set(services) and len(supernodes) == 3
+    link = services["superlink"]["command"]
+    assert "--insecure" not in link and "--enable-supernode-auth" in link
+    assert {"--ssl-ca-certfile", "--ssl-certfile", "--ssl-keyfile"} <= set(_flags(link))
+    partitions = []
+    for name in supernodes:
+        cmd = services[name]["command"]
+        assert "--insecure" not in cmd
+        opts = dict(a.split("=", 1) for a in cmd if a.startswith("--") and "=" in a)
+        assert opts["--superlink"] == "superlink:9093" and opts["--root-certificates"].endswith("ca.crt")
+        assert opts["--auth-supernode-private-key"] == f"/keys/{name}.key"
+        node_config = dict(kv.split("=", 1) for kv in opts["--node-config"].split())
+        partitions.append(int(node_config["partition-id"]))
+        assert int(node_config["num-partitions"]) == 3 and node_config["state-dir"] == '"/state"'
+    assert sorted(partitions) == [0, 1, 2]
+    # exactly one ClientApp runner per SuperNode in each profile; GPU runners reserve a GPU
+    for profile in ("cpu", "gpu"):
+        runners = {n: s for n, s in services.items() if profile in s.get("profiles", [])}
+        targets = sorted(next(a.split("=", 1)[1] for a in s["command"] if a.startswith("--runtime-api-address"))
+                         for s in runners.values())
+        assert targets == [f"{n}:9094" for n in supernodes]
+        for s in runners.values():
+            assert any(v.startswith("state-") and v.endswith(":/state") for v in s["volumes"])
+            devices = s.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
+            assert (profile == "gpu") == any("gpu" in d.get("capabilities", []) for d in devices)
+    assert {"results", "checkpoint", "state-0", "state-1", "state-2"} <= set(compose["volumes"])
+
+
+def test_compose_flags_exist_in_flower_help(compose):
+    known = {"flower-superlink": _help_flags("flower-superlink"), "flower-supernode": _help_flags("flower-supernode"),
+             "flower-superexec": _help_flags("flower-superexec")}
+    checked = 0
+    for name, service in compose["services"].items():
+        cmd = service.get("command")
+        if not cmd:
+            continue
+        assert cmd[0] in known, f"{name}: unexpected program {cmd[0]}"
+        unknown = set(_flags(cmd[1:])) - known[cmd[0]]
+        assert not unknown, f"{name}: {cmd[0]} has no {sorted(unknown)}"
+        checked += 1
+    assert checked >= 8
+    edge = (ROOT / "deploy" / "edge" / "start-edge-client.sh").read_text()
+    cmd = edge[edge.index("exec flower-supernode"):].split()
+    assert not set(_flags(cmd)) - known["flower-supernode"]
+
+
+def test_compose_files_exist(compose, tmp_path):
+    from fedpers.deploy import make_certs
+
+    made = {p.name for p in make_certs(tmp_path, 3, ["superlink"]).dir.iterdir()}
+    for name, service in compose["services"].items():
+        build = service.get("build")
+        if build:
+            assert (ROOT / build["context"] / build["dockerfile"]).is_file(), name
+        for volume in service.get("volumes", []):
+            source = volume.split(":", 1)[0]
+            if not source.startswith("./"):
+                assert source in compose["volumes"], f"{name}: undeclared volume {source}"
+                continue
+            path = ROOT / source
+            if path.parent == ROOT / "deploy" / "certs":  # generated by `fedpers deploy certs`
+                assert path.parent.is_dir() and path.name in made, f"{name}: {source} is not made by deploy certs"
+            else:
+                assert path.exists(), f"{name}: {source} does not exist"
+    for dockerfile in ("Dockerfile.server", "Dockerfile.client-gpu", "Dockerfile.client-cpu"):
+        text = (ROOT / "deploy" / dockerfile).read_text()
+        assert "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1" in text
+        for src in re.findall(r"^COPY (\S+)", text, flags=re.M):
+            assert (ROOT / src).exists(), f"{dockerfile}: COPY {src} missing"
+    assert "slim" in (ROOT / "deploy" / "Dockerfile.client-cpu").read_text().splitlines()[3]
+
+
+def test_edge_client_install_is_cpu_only_and_script_parses():
+    req = (ROOT / "deploy" / "edge" / "requirements.txt").read_text()
+    assert "whl/cpu" in req and "flwr==1.42.0" in req and "ray" not in req and "[simulation]" not in req
+    script = ROOT / "deploy" / "edge" / "start-edge-client.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    assert subprocess.run(["sh", "-n", str(ROOT / "deploy" / "register-supernodes.sh")]).returncode == 0
+    assert os.access(script, os.X_OK)
+    assert "--root-certificates" in script.read_text() and "--auth-supernode-private-key" in script.read_text()
+
+
+# ------------------------------------------------------------------------------------------------
+# real deployment on 127.0.0.1: TLS, SuperNode auth, state dirs, checkpoint/resume, a killed SuperNode
+# ------------------------------------------------------------------------------------------------
+RUN_TIMEOUT = 900
+
+
+def _cfg(out: Path, **extra):
+    base = tiny_overrides(method="pfedkdh", variant="ea", out_dir=str(out), client_state_dir=str(out / "state"),
+                          checkpoint_dir=str(out / "checkpoint"))
+    base.update(extra)
+    return build_config(base)
+
+
+def _wait_for(predicate, timeout: float, what: str, procs=()):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return
+        for p in procs:
+            if not p.alive():
+                raise AssertionError(f"{p.name} ended while waiting for {what}:\n{p.tail(40)}")
+        time.sleep(1.0)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _rounds(out: Path) -> list[int]:
+    try:
+        return [r["round"] for r in read_metrics(out)]
+    except (FileNotFoundError, ValueError):
+        return []
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    from fedpers.deploy import LocalDeployment
+
+    dep = LocalDeployment(tmp_path_factory.mktemp("deploy"), num_nodes=3)
+    try:
+        dep.start()
+        yield dep
+    finally:
+        dep.stop()
+        for pid in dep.pids():
+            assert not _pid_alive(pid), f"process {pid} survived the teardown"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat")
+    return state.exists() and state.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.fixture(scope="module")
+def clean_run(deployment, tmp_path_factory):
+    out = tmp_path_factory.mktemp("clean")
+    cfg = _cfg(out, rounds=2)
+    summary = deployment.run(cfg, timeout=RUN_TIMEOUT)
+    return cfg, out, summary
+
+
+@pytest.mark.deployment
+def test_unregistered_supernode_is_refused(deployment, tmp_path):
+    from fedpers.deploy import make_node_key
+
+    rogue = make_node_key(tmp_path / "rogue.key")
+    proc = deployment.start_node(0, key=rogue, name="rogue")
+    _wait_for(lambda: not proc.alive(), 120, "the unregistered SuperNode to be refused")
+    assert proc.exit_code() not in (0, None)
+    assert "Failed to activate SuperNode" in proc.log_path.read_text()
+
+
+@pytest.mark.deployment
+def test_deployed_run_finishes_and_heads_persist(clean_run):
+    from clients.base import arrays_digest
+
+    cfg, out, summary = clean_run
+    rounds = read_metrics(out)
+    assert [r["round"] for r in rounds] == [1, 2] and summary["rounds"] == 2
+    for r in rounds:
+        assert set(r["per_client_acc"]) == {"0", "1", "2"} and r["failed_clients"] == 0
+        assert r["client_state_consistent"] is True and r["round_seconds"] > 0
+    assert summary["final"]["personalized_macro_acc"] is not None
+    ckpt = load_checkpoint(cfg.checkpoint_dir, cfg.to_dict())
+    assert ckpt["round"] == 2
+    for pid in range(3):  # every SuperNode's private head is on disk and is the one it last trained
+        head = ClientStateStore(cfg.client_state_dir, pid, config_fingerprint(cfg)).load("personal")
+        assert head is not None and arrays_digest(head) == ckpt["last_fit_digest"][str(pid)]
+
+
+@pytest.mark.deployment
+def test_killed_server_resumes_from_checkpoint(deployment, clean_run):
+    cfg, out, _ = clean_run
+    before = read_metrics(out)
+    resumed = cfg.replace(rounds=4, resume=True)
+    run = deployment.submit(resumed)
+    _wait_for(lambda: 3 in _rounds(out), RUN_TIMEOUT, "round 3", [run])
+    run_id = re.search(r"Successfully started run (\d+)", run.log_path.read_text()).group(1)
+    res = deployment.flwr(["stop", run_id, "fedpers"])  # kill the ServerApp mid-run
+    assert res.returncode == 0, res.stdout + res.stderr
+    run.stop()
+    done = load_checkpoint(cfg.checkpoint_dir)["round"]
+    assert done >= 3 and not (out / "summary.json").exists()
+    summary = deployment.run(resumed, timeout=RUN_TIMEOUT)
+    rounds = read_metrics(out)
+    assert [r["round"] for r in rounds] == [1, 2, 3, 4] and summary["rounds"] == 4
+    assert rounds[:2] == before  # the finished rounds are kept as they were
+    assert load_checkpoint(cfg.checkpoint_dir)["round"] == 4
+    assert all(r["client_state_consistent"] for r in rounds)
+
+
+@pytest.mark.deployment
+def test_killed_supernode_does_not_stall_the_run_and_rejoins(deployment, tmp_path):
+    cfg = _cfg(tmp_path, rounds=3, min_fit_updates=2, round_timeout=120.0)
+    run = deployment.submit(cfg)
+    _wait_for(lambda: 1 in _rounds(tmp_path), RUN_TIMEOUT, "round 1", [run])
+    assert (tmp_path / "state" / "partition-2" / "personal.npz").is_file()
+    node = deployment.node_id(2)
+    deployment.kill_node(2)  # mid-run: round 2 has started and waits for it
+    _wait_for(lambda: deployment.node_status().get(node) != "online", 300, "the SuperLink to notice", [run])
+    deployment.start_node(2)  # the node rejoins (same key) with its state directory
+    summary = deployment.wait(run, cfg, RUN_TIMEOUT)
+    r1, r2, r3 = read_metrics(tmp_path)
+    assert summary["rounds"] == 3
+    assert r2["failed_clients"] >= 1  # round 2 completed without node 2's update
+    assert r3["fit_clients"] == [0, 1, 2] and set(r3["per_client_acc"]) == {"0", "1", "2"}  # sampled again
+    assert r3["client_state_consistent"] is True
+    log = deployment.nodes[2].log_path.read_text()
+    assert "client 2 restored state 'personal'" in log  # ... starting from the head it had before the kill
