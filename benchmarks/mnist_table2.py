@@ -84,9 +84,11 @@ def main() -> None:
         f"# MNIST, 20 clients, 50% participation, {args.rounds} rounds (paper: 50), seed {args.seed}",
         "",
         "Accuracy in %. Ours: one run; paper: Table 2 mean over repetitions. FedAvg/FedProx: global accuracy;",
-        "s/round: mean wall seconds per round on this 2-core CPU machine, shared with other work while it ran.",
         "the others: personalized macro accuracy. Command: "
-        f"`python benchmarks/mnist_table2.py --rounds {args.rounds}`",
+        f"`python benchmarks/mnist_table2.py --rounds {args.rounds}`.",
+        "s/round: mean wall seconds per round on this 2-core CPU machine, shared with other work while it ran",
+        "(not a speed measurement). 'not run': the run did not fit in the session's CPU time; rerun the command",
+        "(finished runs are skipped).",
         "",
         "| method | " + " | ".join(f"alpha={a} ours | paper | diff | s/round" for a in args.alphas) + " |",
         "|---|" + "---|---|---|---|" * len(args.alphas),
