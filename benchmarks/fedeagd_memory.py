@@ -26,90 +26,14 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def _children() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-        kids.setdefault(ppid, []).append(int(entry))
-    return kids
-
-
-def process_tree(root: int) -> list[int]:
-    """``root`` and all its descendants."""
-    kids = _children()
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(kids.get(pid, []))
-    return out
-
-
-def rss_pss(pid: int) -> tuple[int, int]:
-    """(RSS, PSS) of ``pid`` in bytes (0, 0 when it has gone)."""
-    try:
-        rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
-        pss = 0
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                pss = int(line.split()[1]) * 1024
-                break
-        return rss, pss
-    except (OSError, ValueError, IndexError):
-        return 0, 0
-
-
-def status_kb(pid: int, *fields: str) -> list[int]:
-    """Fields of /proc/PID/status in bytes (``RssAnon``: private heap, ``RssShmem``: shared memory)."""
-    out = dict.fromkeys(fields, 0)
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            name = line.split(":", 1)[0]
-            if name in out:
-                out[name] = int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return [out[f] for f in fields]
-
-
-class Sampler(threading.Thread):
-    """Samples the process tree of ``pid`` until stopped; keeps the peaks."""
-
-    def __init__(self, pid: int, interval: float):
-        super().__init__(daemon=True)
-        self.pid, self.interval = pid, interval
-        self.peak = {"tree_rss": 0, "tree_pss": 0, "driver_rss": 0, "driver_anon": 0, "driver_shmem": 0,
-                     "processes": 0}
-        self.samples = 0
-        self.stop = threading.Event()
-
-    def run(self) -> None:  # noqa: D102
-        while not self.stop.is_set():
-            pids = process_tree(self.pid)
-            values = [rss_pss(p) for p in pids]
-            now = {"tree_rss": sum(r for r, _ in values), "tree_pss": sum(p for _, p in values),
-                   "driver_rss": rss_pss(self.pid)[0], "processes": len(pids)}
-            now["driver_anon"], now["driver_shmem"] = status_kb(self.pid, "RssAnon", "RssShmem")
-            for k, v in now.items():
-                self.peak[k] = max(self.peak[k], v)
-            self.samples += 1
-            self.stop.wait(self.interval)
+sys.path.insert(0, str(HERE))
+from proctree import Sampler  # noqa: E402  (process-tree memory sampling, shared with scale.py)
 
 
 def state_bytes(method: str, clients: int, feature_dim: int) -> dict[str, int]:
