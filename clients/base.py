@@ -200,4 +200,8 @@ class FedPersClient(NumPyClient):
             metrics["state_digest"] = arrays_digest(get_arrays(self.model, self.persistent_part))
         acc, loss, extra = self.evaluate_personalized(generator)
         metrics.update(acc=float(acc), **extra)
+        if self.__dict__.get("_eval_digest") is not None:
+            # methods whose state is not the persistent part (Ditto's v_k, pFedMe's theta_k, FedALA's
+            # local model) set the digest of the state they evaluated
+            metrics["state_digest"] = self._eval_digest
         return float(loss), len(self.data.test), metrics

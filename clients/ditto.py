@@ -88,10 +88,3 @@ class DittoClient(FedPersClient):
             self._eval_digest = arrays_digest(get_arrays(personal, "all"))
         acc, loss = evaluate(personal, self.data.test.x, self.data.test.y)
         return acc, loss, {}
-
-    def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
-        """As the base, plus the digest of the evaluated v_k."""
-        loss, n, metrics = super().evaluate(parameters, config)
-        if self._eval_digest is not None:
-            metrics["state_digest"] = self._eval_digest
-        return loss, n, metrics

@@ -104,10 +104,3 @@ class FedALAClient(FedPersClient):
             self._eval_digest = self.state_digest()
         acc, loss = evaluate(self.model, self.data.test.x, self.data.test.y)
         return acc, loss, {}
-
-    def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
-        """As the base, plus the digest of the evaluated local model and ALA weights."""
-        loss, n, metrics = super().evaluate(parameters, config)
-        if self._eval_digest is not None:
-            metrics["state_digest"] = self._eval_digest
-        return loss, n, metrics

@@ -78,10 +78,3 @@ class PFedMeClient(FedPersClient):
             self._eval_digest = arrays_digest(get_arrays(self.model, "all"))
         acc, loss = evaluate(self.model, self.data.test.x, self.data.test.y)
         return acc, loss, {}
-
-    def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
-        """As the base, plus the digest of the evaluated theta_i."""
-        loss, n, metrics = super().evaluate(parameters, config)
-        if self._eval_digest is not None:
-            metrics["state_digest"] = self._eval_digest
-        return loss, n, metrics
