@@ -210,7 +210,7 @@ def write_tables(results: dict[str, dict], args, data: Path) -> None:
             f"{' --engine ray' if args.engine == 'ray' else ''}`\n")
     lines = [head, "Global accuracy (%) on the union of the clients' test splits (= PACS test split): standard "
              "accuracy standalone, class-only accuracy with JDFL.\n",
-             "| optimizer | standalone | + JDFL graded | + JDFL random | M (graded / random) | ARI | s/run (alone) |",
+             "| optimizer | standalone | + JDFL graded | + JDFL random | M (graded / random) | ARI | wall s (standalone) |",
              "|---|---|---|---|---|---|---|"]
     table = {}
     for label, m in OPTIMIZERS:
