@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+from torch import nn
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
@@ -29,3 +32,27 @@ def tiny_overrides(**extra):
                 device="cpu")
     base.update(extra)
     return base
+
+
+def arrays_equal(a, b) -> bool:
+    """Same number of arrays, each exactly equal."""
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+class TinyNet(nn.Module):
+    """backbone + head, like the foundation's models, small enough for exact checks."""
+
+    def __init__(self, d_in=6, d_feat=5, classes=3, seed=0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.backbone = nn.Sequential(nn.Linear(d_in, d_feat), nn.ReLU())
+        self.head = nn.Linear(d_feat, classes)
+
+    def forward(self, x):
+        return self.head(self.backbone(x))
+
+
+def toy_data(n=64, d_in=6, classes=3, seed=0):
+    """Random (x, y) of a small classification problem."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, d_in, generator=g), torch.randint(0, classes, (n,), generator=g)

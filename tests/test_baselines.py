@@ -34,7 +34,7 @@ from fedpers.losses import squared_distance
 from fedpers.models import get_arrays, parameter_names
 from fedpers.registry import METHODS
 from strategies.base import FedPersStrategy
-from tests.conftest import ROOT, tiny_overrides
+from tests.conftest import ROOT, TinyNet, arrays_equal, tiny_overrides, toy_data
 
 BASELINES = ("ditto", "pfedme", "fedrep", "fedbabu", "fedala")
 
@@ -53,28 +53,6 @@ def broadcast(cfg) -> tuple[FedPersStrategy, list[np.ndarray]]:
     return strategy, strategy.download_arrays()
 
 
-def arrays_equal(a, b) -> bool:
-    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
-
-
-class TinyNet(nn.Module):
-    """backbone + head, like the foundation's models, small enough for exact checks."""
-
-    def __init__(self, d_in=6, d_feat=5, classes=3, seed=0):
-        super().__init__()
-        torch.manual_seed(seed)
-        self.backbone = nn.Sequential(nn.Linear(d_in, d_feat), nn.ReLU())
-        self.head = nn.Linear(d_feat, classes)
-
-    def forward(self, x):
-        return self.head(self.backbone(x))
-
-
-def toy_data(n=64, d_in=6, classes=3, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, d_in, generator=g)
-    y = torch.randint(0, classes, (n,), generator=g)
-    return x, y
 
 
 # --- pure math -----------------------------------------------------------------------------------------

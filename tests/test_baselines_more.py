@@ -39,7 +39,7 @@ from fedpers.registry import METHODS
 from strategies.base import FedPersStrategy, parameters_nbytes
 from strategies.fedfed import distill_rounds
 from strategies.pfedsim import warmup_rounds
-from tests.conftest import ROOT, tiny_overrides
+from tests.conftest import ROOT, TinyNet, arrays_equal, tiny_overrides, toy_data
 
 METHODS_MORE = ("fedproto", "pfedsim", "fedas", "fedfed")
 
@@ -57,24 +57,6 @@ def make_strategy(cfg) -> FedPersStrategy:
     return METHODS[cfg.method].strategy_class()(cfg, get_federation(cfg))
 
 
-def arrays_equal(a, b) -> bool:
-    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
-
-
-class TinyNet(nn.Module):
-    def __init__(self, d_in=6, d_feat=5, classes=3, seed=0):
-        super().__init__()
-        torch.manual_seed(seed)
-        self.backbone = nn.Sequential(nn.Linear(d_in, d_feat), nn.ReLU())
-        self.head = nn.Linear(d_feat, classes)
-
-    def forward(self, x):
-        return self.head(self.backbone(x))
-
-
-def toy_data(n=64, d_in=6, classes=3, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(n, d_in, generator=g), torch.randint(0, classes, (n,), generator=g)
 
 
 class FakeProxy:
