@@ -399,7 +399,12 @@ def test_killed_supernode_does_not_stall_the_run_and_rejoins(deployment, tmp_pat
     summary = deployment.wait(run, cfg, RUN_TIMEOUT)
     r1, r2, r3 = read_metrics(tmp_path)
     assert summary["rounds"] == 3
-    assert r2["failed_clients"] >= 1  # round 2 completed without node 2's update
+    # Round 2 ends either without node 2 (its update failed or timed out) or, when the restarted node
+    # rejoins in time, with the update it delivers (Flower redelivers the message to the same node id):
+    # which one is a race on the machine's speed. Either way it must not stall and must keep at least
+    # min_fit_updates valid updates.
+    assert len(r2["fit_nodes"]) >= cfg.min_fit_updates
+    assert r2["round_seconds"] < cfg.round_timeout + 90  # round timeout + Flower's heartbeat expiry
     assert r3["fit_clients"] == [0, 1, 2] and set(r3["per_client_acc"]) == {"0", "1", "2"}  # sampled again
     assert r3["client_state_consistent"] is True
     log = deployment.nodes[2].log_path.read_text()
