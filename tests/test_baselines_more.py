@@ -31,7 +31,7 @@ from fedpers.baselines_more import (
     pfedsim_weights,
     sensitive_features,
 )
-from fedpers.config import KEYS, build_config, load_config
+from fedpers.config import KEYS, build_config
 from fedpers.errors import ConfigError
 from fedpers.federation import get_federation
 from fedpers.models import get_arrays, parameter_names
@@ -414,12 +414,3 @@ def test_keys_are_prefixed_with_defaults():
                 {"fedfed_noise_std1": -1.0}):
         with pytest.raises(ConfigError, match=next(iter(bad))):
             build_config(bad)
-
-
-@pytest.mark.parametrize("method", METHODS_MORE)
-def test_ready_config_has_the_table1_budget(method):
-    cfg = load_config(ROOT / "configs" / "baselines" / f"{method}.yaml")
-    assert cfg.method == method
-    assert (cfg.num_clients, cfg.fraction_fit, cfg.rounds, cfg.local_epochs, cfg.batch_size, cfg.lr) == (
-        20, 0.5, 50, 2, 64, 0.015)
-    assert cfg.dataset == "mnist" and cfg.aux_size == 5000
