@@ -39,7 +39,7 @@ from fedpers.registry import METHODS
 from strategies.base import FedPersStrategy, parameters_nbytes
 from strategies.fedfed import distill_rounds
 from strategies.pfedsim import warmup_rounds
-from tests.conftest import ROOT, TinyNet, arrays_equal, tiny_overrides, toy_data
+from tests.conftest import TinyNet, arrays_equal, tiny_overrides, toy_data
 
 METHODS_MORE = ("fedproto", "pfedsim", "fedas", "fedfed")
 
