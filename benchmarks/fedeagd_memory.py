@@ -22,9 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
-from proctree import Sampler  # noqa: E402  (process-tree memory sampling, shared with scale.py)
+from proctree import run_sampled  # noqa: E402  (process-tree memory sampling, shared with scale.py)
 
 
 def state_bytes(method: str, clients: int, feature_dim: int) -> dict[str, int]:
@@ -57,20 +54,8 @@ def measure(method: str, args: argparse.Namespace) -> dict:
            "--set", "batch_size=32", "--set", "lr=0.05", "--set", "min_samples_per_client=2",
            "--set", f"feature_dim={args.feature_dim}", "--set", "device=cpu", "--set", f"seed={args.seed}"]
     print("$", " ".join(cmd), flush=True)
-    env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True)
-    sampler = Sampler(proc.pid, args.interval)
-    sampler.start()
-    try:
-        rc = proc.wait(timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)  # the run's own session: only what this script started
-        proc.wait()
-        rc = "timeout"
-    finally:
-        sampler.stop.set()
-        sampler.join()
+    rc, sampler = run_sampled(cmd, cwd=ROOT, interval=args.interval, timeout=args.timeout)
     if rc != 0:
         raise SystemExit(f"{method} run failed ({rc})")
     summary = json.loads((out / "summary.json").read_text())

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import threading
 from pathlib import Path
 
@@ -83,3 +85,22 @@ class Sampler(threading.Thread):
                 self.peak[k] = max(self.peak[k], v)
             self.samples += 1
             self.stop.wait(self.interval)
+
+
+def run_sampled(cmd: list[str], *, cwd: Path, interval: float, timeout: float) -> tuple[int | str, Sampler]:
+    """Run ``cmd`` in its own session (telemetry and runtime installs off) while a :class:`Sampler` watches
+    its process tree; on timeout only that session is terminated. Returns (exit code or "timeout", sampler)."""
+    env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, start_new_session=True)
+    sampler = Sampler(proc.pid, interval)
+    sampler.start()
+    try:
+        rc: int | str = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)  # the run's own session: only what this command started
+        proc.wait()
+        rc = "timeout"
+    finally:
+        sampler.stop.set()
+        sampler.join()
+    return rc, sampler

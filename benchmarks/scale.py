@@ -20,16 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from proctree import Sampler  # noqa: E402
+from proctree import run_sampled  # noqa: E402
 
 
 def measure(method: str, clients: int, args: argparse.Namespace) -> dict:
@@ -41,20 +38,8 @@ def measure(method: str, clients: int, args: argparse.Namespace) -> dict:
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
     print("$", " ".join(cmd), flush=True)
-    env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0")
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=HERE.parent, env=env, start_new_session=True)
-    sampler = Sampler(proc.pid, args.interval)
-    sampler.start()
-    try:
-        rc = proc.wait(timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)  # only the run's own session
-        proc.wait()
-        rc = "timeout"
-    finally:
-        sampler.stop.set()
-        sampler.join()
+    rc, sampler = run_sampled(cmd, cwd=HERE.parent, interval=args.interval, timeout=args.timeout)
     if rc != 0:
         return {"method": method, "clients": clients, "error": f"run failed ({rc})"}
     rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -199,9 +200,9 @@ KEYS: tuple[Key, ...] = (
     Key("fedala_layer_idx", int, 2,
         "FedALA top parameter tensors aggregated with W, as FedALA's code counts them (paper: 2 = the head)",
         _at_least_one),
-    Key("fedala_threshold", float, 0.1,
+    Key("fedala_threshold", float, 0.01,
         "FedALA start phase: learn W until the std of the last fedala_num_pre_loss losses is below this "
-        "(paper code: 0.1)", _positive),
+        "(paper: 0.01; the authors' ALA module defaults to 0.1)", _positive),
     Key("fedala_num_pre_loss", int, 10, "FedALA start phase: losses in the convergence test (paper code: 10)",
         _at_least_one),
     Key("fedala_max_start_epochs", int, 100, "FedALA start phase: at most this many epochs (ours; FedALA: no cap)",
@@ -286,8 +287,8 @@ def coerce_value(key: Key, value: Any) -> Value:
     if t is bool:
         if isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            return value.lower() == "true"
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "on", "off"):
+            return value.lower() in ("true", "yes", "on")
     elif t is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
@@ -399,6 +400,25 @@ def _check_combinations(values: Mapping[str, Value]) -> None:
         )
 
 
+class _ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2 booleans: only true/false are booleans, so that choices such as
+    ``fedeagd_fusion: off`` or ``jdfl: off`` stay the strings they read as (YAML 1.1 makes on/off/yes/no
+    booleans)."""
+
+
+_ConfigLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                    list("tTfF"))
+
+
+def read_yaml_text(text: str) -> Any:
+    """Parse YAML text the way every fedpers config is read (YAML 1.2 booleans, see ``_ConfigLoader``)."""
+    return yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def parse_set_arguments(items: list[str]) -> dict[str, Any]:
     """Parse CLI ``key=value`` strings; values are read as YAML scalars (``0.5``, ``true``, ``'x'``)."""
     out: dict[str, Any] = {}
@@ -408,7 +428,7 @@ def parse_set_arguments(items: list[str]) -> dict[str, Any]:
         name, raw = item.split("=", 1)
         name = name.strip()
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = read_yaml_text(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
         if value is None:
@@ -425,7 +445,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     try:
-        data = yaml.safe_load(p.read_text())
+        data = read_yaml_text(p.read_text())
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""

@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from fedpers.config import build_config
+from fedpers.config import build_config, read_yaml_text
 from fedpers.errors import ConfigError
 
 
@@ -92,7 +92,7 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, datasets: list[s
     if not p.is_file():
         raise ConfigError(f"sweep file not found: {p}")
     try:
-        raw = yaml.safe_load(p.read_text()) or {}
+        raw = read_yaml_text(p.read_text()) or {}
     except yaml.YAMLError:
         raise ConfigError(f"sweep file {p} is not valid YAML") from None
     unknown = set(raw) - {"base", "methods", "datasets", "alphas", "seeds", "ablation"}

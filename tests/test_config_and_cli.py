@@ -124,3 +124,15 @@ def test_cli_bad_input_is_one_line_and_nonzero(args, message):
     assert "Traceback" not in res.stderr
     lines = [l for l in res.stderr.splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith("fedpers: error:") and message in lines[0], res.stderr
+
+
+def test_choice_values_that_yaml_1_1_reads_as_booleans_stay_strings(tmp_path):
+    # "off" is a boolean in YAML 1.1; a config reads YAML 1.2 booleans (true/false only)
+    assert parse_set_arguments(["fedeagd_fusion=off", "jdfl=off", "fedeagd_teacher=false"]) == {
+        "fedeagd_fusion": "off", "jdfl": "off", "fedeagd_teacher": False}
+    path = tmp_path / "c.yaml"
+    path.write_text("method: fedeagd\nfedeagd_fusion: off\nfedeagd_teacher: no\n")
+    cfg = load_config(path)
+    assert cfg.fedeagd_fusion == "off" and cfg.fedeagd_teacher is False
+    with pytest.raises(ConfigError, match="config key 'fedeagd_teacher': expected bool"):
+        load_config(None, ["fedeagd_teacher=maybe"])
