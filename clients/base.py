@@ -25,7 +25,7 @@ from flwr.common.logger import log
 
 from fedpers.cluster import node_identity
 from fedpers.config import Config, parse_id_list
-from fedpers.errors import ClientUpdateError
+from fedpers.errors import ClientUpdateError, ConfigError
 from fedpers.federation import get_federation
 from fedpers.models import Part, build_model, get_arrays, set_arrays
 from fedpers.registry import model_kind_of
@@ -89,6 +89,8 @@ class FedPersClient(NumPyClient):
         ``context.state`` first; when empty (e.g. the SuperNode restarted) and a state directory is
         configured, the file last written by :meth:`save_state` (then cached in ``context.state``).
         """
+        if self.cfg.client_state_spill:  # on disk only: nothing cached in memory
+            return self.state_store().load(name)
         record = self.context.state.get(STATE_PREFIX + name)
         if record is not None:
             return record.to_numpy_ndarrays()
@@ -103,7 +105,8 @@ class FedPersClient(NumPyClient):
         """Save ``arrays`` under ``name`` in this client's state (kept across rounds), and atomically
         to the state directory when one is configured (kept across SuperNode restarts)."""
         arrays = [np.asarray(a) for a in arrays]
-        self.context.state[STATE_PREFIX + name] = ArrayRecord(numpy_ndarrays=arrays)
+        if not self.cfg.client_state_spill:
+            self.context.state[STATE_PREFIX + name] = ArrayRecord(numpy_ndarrays=arrays)
         store = self.state_store()
         if store is not None:
             store.save(name, arrays)
@@ -112,6 +115,9 @@ class FedPersClient(NumPyClient):
         """This client's on-disk state (node config ``state-dir``, else ``client_state_dir``); None = memory only."""
         if "_state_store" not in self.__dict__:
             root = str(self.context.node_config.get("state-dir", "") or self.cfg.client_state_dir)
+            if self.cfg.client_state_spill and not root:
+                raise ConfigError("config key 'client_state_spill': needs client_state_dir (fedpers run sets "
+                                  "<out_dir>/client_state) or the node config's state-dir")
             self._state_store = (ClientStateStore(root, self.partition_id, config_fingerprint(self.cfg.to_dict()))
                                  if root else None)
         return self._state_store

@@ -212,6 +212,11 @@ KEYS: tuple[Key, ...] = (
         "deployment: each client also writes its persistent state (heads, teachers, ...) atomically to "
         "<dir>/partition-<id>/ and restores it after a restart; '' = in memory only (node config "
         "'state-dir' overrides)"),
+    Key("client_state_spill", bool, False,
+        "keep per-client state (heads, EMA teachers, personal models, ...) only on disk in client_state_dir "
+        "instead of in memory: memory no longer grows with the number of clients, at one file read and "
+        "write per sampled client per round (fedpers run without client_state_dir uses a fresh "
+        "<out_dir>/client_state, removed when the run ends; ours)"),
     Key("checkpoint_dir", str, "",
         "server checkpoint (global model, round, history) written atomically after every round; '' = none"),
     Key("resume", bool, False,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -52,14 +53,30 @@ def write_app_dir(cfg: Config, directory: Path) -> Path:
 
 
 def run_simulation(cfg: Config, verbose: bool = False) -> None:
-    """Run ``cfg`` with ``num_clients`` simulated SuperNodes; results land in ``cfg.out_dir``."""
+    """Run ``cfg`` with ``num_clients`` simulated SuperNodes; results land in ``cfg.out_dir``.
+    With ``client_state_spill`` and no ``client_state_dir``, client state lives in a fresh
+    ``<out_dir>/client_state`` that is removed when the run ends."""
+    spill_dir = None
+    if cfg.client_state_spill and not cfg.client_state_dir:
+        # a fresh directory of this run's own: state left by an earlier run in out_dir is never loaded
+        spill_dir = Path(cfg.out_dir) / "client_state"
+        shutil.rmtree(spill_dir, ignore_errors=True)
+        cfg = cfg.replace(client_state_dir=str(spill_dir))
+    try:
+        _run_in_engine(cfg, verbose)
+    finally:
+        if spill_dir is not None:
+            shutil.rmtree(spill_dir, ignore_errors=True)
+
+
+def _run_in_engine(cfg: Config, verbose: bool) -> None:
     from flwr.app import Context, RecordDict
     from flwr.supercore.telemetry import EventType
     from flwr.simulation.run_simulation import _run_simulation
 
     from fedpers.app import server_app
 
-    if not verbose:
+    if not verbose:  # after Flower's imports, which set up its logger
         logging.getLogger("flwr").setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="fedpers-app-") as tmp:
         app_dir = write_app_dir(cfg, Path(tmp))

@@ -31,7 +31,7 @@ FORMAT_VERSION = 1
 # so e.g. extending `rounds` or moving `out_dir` keeps the saved state usable.
 MECHANICS_KEYS = frozenset({
     "out_dir", "rounds", "eval_every", "device", "client_cpus", "client_gpus",
-    "client_state_dir", "checkpoint_dir", "resume", "round_timeout",
+    "client_state_dir", "client_state_spill", "checkpoint_dir", "resume", "round_timeout",
 })
 
 

@@ -21,7 +21,7 @@ from flwr.app import Context, RecordDict
 
 from fedpers.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
 from fedpers.config import build_config
-from fedpers.errors import FedpersError
+from fedpers.errors import ConfigError, FedpersError
 from fedpers.results import read_metrics, read_summary
 from fedpers.state_store import ClientStateStore, atomic_save_npz, config_fingerprint, load_npz
 from tests.conftest import ROOT, tiny_overrides
@@ -104,6 +104,30 @@ def test_client_state_survives_a_supernode_restart(tmp_path):
     # the node config's state-dir wins over client_state_dir
     PFedKDHClient(cfg, _context(2, str(tmp_path / "node2"))).fit(broadcast, {"server_round": 1})
     assert (tmp_path / "node2" / "partition-2" / "personal.npz").is_file()
+
+
+def test_spilled_client_state_lives_on_disk_only(tmp_path):
+    from clients.base import STATE_PREFIX, arrays_digest
+    from clients.fedeagd import FedEAGDClient
+    from fedpers.federation import get_federation
+    from fedpers.models import build_model, get_arrays
+
+    cfg = build_config(tiny_overrides(method="fedeagd", client_state_spill=True,
+                                      client_state_dir=str(tmp_path / "spill")))
+    fed = get_federation(cfg)
+    broadcast = get_arrays(build_model(fed.input_shape, fed.num_classes, feature_dim=cfg.feature_dim,
+                                       dropout=cfg.dropout, seed=cfg.seed, kind="se_cnn"), "backbone")
+    context = _context(1)
+    _, _, metrics = FedEAGDClient(cfg, context).fit(broadcast, {"server_round": 1})
+    assert not [k for k in context.state if k.startswith(STATE_PREFIX)]  # nothing kept in memory
+    saved = sorted(p.name for p in (tmp_path / "spill" / "partition-1").glob("*.npz"))
+    assert "personal.npz" in saved and len(saved) >= 2  # the head/residual and the EMA teacher
+    again = FedEAGDClient(cfg, context)  # the next message, same context
+    assert arrays_digest(again.load_state("personal")) == metrics["state_digest"]
+    _, _, eval_metrics = again.evaluate(broadcast, {"server_round": 1})
+    assert eval_metrics["state_digest"] == metrics["state_digest"]
+    with pytest.raises(ConfigError, match="client_state_spill"):
+        FedEAGDClient(cfg.replace(client_state_dir=""), _context(2)).fit(broadcast, {"server_round": 1})
 
 
 def test_checkpoint_round_trip(tmp_path):

@@ -36,3 +36,16 @@ def test_method_runs_end_to_end(method, tmp_path):
         assert 0.0 <= summary["final"]["global_acc"] <= 1.0
     if method == "pfedkdh":
         assert "personalized_macro_acc_fair" in summary["final"]
+
+
+def test_spilled_client_state_gives_the_same_run(tmp_path):
+    """client_state_spill keeps heads, residuals and EMA teachers on disk instead of in memory: same
+    numbers, and the run's own state directory is gone afterwards."""
+    base = tiny_overrides(method="fedeagd", fraction_fit=0.67, fedeagd_fusion_start=1, fedeagd_fusion_ramp=1)
+    run_simulation(build_config({**base, "out_dir": str(tmp_path / "memory")}))
+    run_simulation(build_config({**base, "out_dir": str(tmp_path / "disk"), "client_state_spill": True}))
+    memory, disk = read_metrics(tmp_path / "memory"), read_metrics(tmp_path / "disk")
+    assert [r["per_client_acc"] for r in disk] == [r["per_client_acc"] for r in memory]
+    assert [r["train_loss"] for r in disk] == [r["train_loss"] for r in memory]
+    assert all(r["client_state_consistent"] for r in disk)
+    assert not (tmp_path / "disk" / "client_state").exists()
