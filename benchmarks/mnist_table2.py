@@ -113,6 +113,7 @@ def main() -> None:
     p.add_argument("--methods", nargs="+", default=None, help="method names to run (default: every row)")
     p.add_argument("--out", default=str(HERE / "results" / "mnist_table2_runs"))
     p.add_argument("--table-only", action="store_true", help="write the table from finished runs, run nothing")
+    p.add_argument("--note", default="", help="a line added under the table's header (e.g. how it was measured)")
     args = p.parse_args()
 
     rows = [row for row in ROWS if args.methods is None or row[1] in args.methods]
@@ -150,6 +151,7 @@ def main() -> None:
         "x FedPer: train s over FedPer's; last s: the last round, which also evaluates every client (FedBABU",
         "fine-tunes there). 2-core CPU machine; 'not run': did not fit in the session's CPU time (rerun the",
         "command: finished runs are skipped).",
+        *([args.note] if args.note else []),
         "",
         "| method | " + " | ".join(f"a={a} ours | paper | diff | train s | x FedPer | last s" for a in args.alphas)
         + " |",
