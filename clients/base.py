@@ -88,6 +88,7 @@ class FedPersClient(NumPyClient):
 
         ``context.state`` first; when empty (e.g. the SuperNode restarted) and a state directory is
         configured, the file last written by :meth:`save_state` (then cached in ``context.state``).
+        With ``client_state_spill`` only the file: nothing is cached in memory.
         """
         if self.cfg.client_state_spill:  # on disk only: nothing cached in memory
             return self.state_store().load(name)
@@ -103,7 +104,8 @@ class FedPersClient(NumPyClient):
 
     def save_state(self, name: str, arrays: Sequence[np.ndarray]) -> None:
         """Save ``arrays`` under ``name`` in this client's state (kept across rounds), and atomically
-        to the state directory when one is configured (kept across SuperNode restarts)."""
+        to the state directory when one is configured (kept across SuperNode restarts); with
+        ``client_state_spill`` only to the state directory."""
         arrays = [np.asarray(a) for a in arrays]
         if not self.cfg.client_state_spill:
             self.context.state[STATE_PREFIX + name] = ArrayRecord(numpy_ndarrays=arrays)
