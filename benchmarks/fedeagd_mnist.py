@@ -1,5 +1,5 @@
-"""FedEAGD on MNIST (or CIFAR-10, ``--data``), Practical setting (Dirichlet alpha = 0.1), next to pFedKDH, FedPer and FedAvg and the
-summary's three ablations, with one seed and the same budget for every row.
+"""FedEAGD on MNIST (or CIFAR-10, ``--data``), Practical setting (Dirichlet alpha = 0.1), next to pFedKDH,
+FedPer and FedAvg and the summary's three ablations, with one seed and the same budget for every row.
 
 Every run: 20 clients, full participation (the FedEAGD summary's default), the schema defaults for
 optimisation (lr 0.015, batch 64) and data (|Ds| = 5000 removed from the clients for every method so that

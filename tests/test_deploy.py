@@ -19,10 +19,10 @@ import pytest
 import yaml
 from flwr.app import Context, RecordDict
 
-from fedpers.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
+from fedpers.checkpoint import checkpoint_path, load_checkpoint
 from fedpers.config import build_config
 from fedpers.errors import ConfigError, FedpersError
-from fedpers.results import read_metrics, read_summary
+from fedpers.results import read_metrics
 from fedpers.state_store import ClientStateStore, atomic_save_npz, config_fingerprint, load_npz
 from tests.conftest import ROOT, tiny_overrides
 
