@@ -71,9 +71,14 @@ def budget_sets(method: str, rounds: int) -> list[str]:
     return []
 
 
+def run_dir(method: str, alpha: float, args: argparse.Namespace) -> Path:
+    """Where the run of ``method`` at ``alpha`` (with the script's rounds and seed) writes its results."""
+    return Path(args.out) / f"{method}_a{alpha}_r{args.rounds}_s{args.seed}"
+
+
 def run_one(method: str, alpha: float, extra: list[str], args: argparse.Namespace) -> dict:
     """Run (or reuse) one experiment; return its summary, {} if not run, {"error": ...} if it failed."""
-    out = Path(args.out) / f"{method}_a{alpha}_r{args.rounds}_s{args.seed}"
+    out = run_dir(method, alpha, args)
     if (out / "summary.json").exists():
         return json.loads((out / "summary.json").read_text())
     if args.table_only:
@@ -128,8 +133,7 @@ def main() -> None:
             if not s or "error" in s:
                 table.setdefault(label, {})[alpha] = s.get("error") if s else None
                 continue
-            out = Path(args.out) / f"{method}_a{alpha}_r{args.rounds}_s{args.seed}"
-            train_s, last_s = round_seconds(out)
+            train_s, last_s = round_seconds(run_dir(method, alpha, args))
             name = metric or s["metric"]
             table.setdefault(label, {})[alpha] = {
                 "ours": 100 * s["final"][name], "paper": PAPER[label].get(alpha), "metric": name,
