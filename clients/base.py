@@ -13,13 +13,14 @@ Methods override :meth:`batch_loss`, :meth:`on_download` and :meth:`evaluate_per
 from __future__ import annotations
 
 import hashlib
+import math
 from logging import INFO
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from flwr.app import ArrayRecord, Context
+from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.client import NumPyClient
 from flwr.common.logger import log
 
@@ -34,6 +35,7 @@ from fedpers.training import evaluate, resolve_device, seed_everything, sgd, tra
 from fedpers.validation import corrupt_update
 
 STATE_PREFIX = "fedpers."
+ROUNDS_RECORD = "saved_rounds"  # context.state ConfigRecord: state name -> round it was saved in
 
 
 def partition_id_of(context: Context, num_clients: int) -> int:
@@ -79,39 +81,75 @@ class FedPersClient(NumPyClient):
                                  dropout=cfg.dropout, seed=cfg.seed,
                                  kind=model_kind_of(cfg)).to(self.device)
         self._faulty = set(parse_id_list(cfg.faulty_clients))
+        self._server_round: int | None = None
+        self._state_horizon: float = math.inf
+        self._saved_now: set[str] = set()  # names saved while handling this message: always valid
         # The persistent part's initial value (phi_k^0): the seeded init, identical on every client.
         self._initial_personal = get_arrays(self.model, self.persistent_part) if self.persistent_part else None
 
     # --- persistent per-client state ----------------------------------------------------------
+    # Every saved version carries the round it was saved in. While a message of round t is handled, state
+    # from round t - 1 or earlier is valid for fit and from round t or earlier for evaluate; a version from
+    # a later round belongs to a round lost when the server stopped and is being run again after a resume,
+    # so the version before it is used (kept by the on-disk store).
     def load_state(self, name: str) -> list[np.ndarray] | None:
         """Arrays saved under ``name`` in this client's state, or None if never saved.
 
-        ``context.state`` first; when empty (e.g. the SuperNode restarted) and a state directory is
-        configured, the file last written by :meth:`save_state` (then cached in ``context.state``).
-        With ``client_state_spill`` only the file: nothing is cached in memory.
+        ``context.state`` first; when empty (e.g. the SuperNode restarted) or from a lost round, and a state
+        directory is configured, the newest valid file written by :meth:`save_state` (then cached in
+        ``context.state``). With ``client_state_spill`` only the file: nothing is cached in memory.
         """
+        horizon = math.inf if name in self._saved_now else self._state_horizon
         if self.cfg.client_state_spill:  # on disk only: nothing cached in memory
-            return self.state_store().load(name)
+            return self.state_store().load(name, max_round=horizon)
         record = self.context.state.get(STATE_PREFIX + name)
-        if record is not None:
+        saved_round = self._memory_rounds().get(name)
+        if record is not None and (saved_round is None or saved_round <= horizon):
             return record.to_numpy_ndarrays()
         store = self.state_store()
-        arrays = store.load(name) if store is not None else None
+        arrays = store.load(name, max_round=horizon) if store is not None else None
+        if arrays is None and record is not None:
+            raise ClientUpdateError(
+                f"client {self.partition_id}: state '{name}' was saved in round {saved_round}, after the round "
+                f"being run ({self._state_horizon + 1}), and no earlier version is on disk: set "
+                "client_state_dir (or the node config's state-dir) for runs that resume")
         if arrays is not None:
-            self.context.state[STATE_PREFIX + name] = ArrayRecord(numpy_ndarrays=arrays)
+            self._cache(name, arrays, store.saved_round(name) if store.saved_round(name) is not None
+                        and store.saved_round(name) <= horizon else None)
             log(INFO, "fedpers: client %d restored state '%s' from %s", self.partition_id, name, store.path(name))
         return arrays
 
     def save_state(self, name: str, arrays: Sequence[np.ndarray]) -> None:
         """Save ``arrays`` under ``name`` in this client's state (kept across rounds), and atomically
         to the state directory when one is configured (kept across SuperNode restarts); with
-        ``client_state_spill`` only to the state directory."""
+        ``client_state_spill`` only to the state directory. Both record the round being run."""
         arrays = [np.asarray(a) for a in arrays]
+        self._saved_now.add(name)
         if not self.cfg.client_state_spill:
-            self.context.state[STATE_PREFIX + name] = ArrayRecord(numpy_ndarrays=arrays)
+            self._cache(name, arrays, self._server_round)
         store = self.state_store()
         if store is not None:
-            store.save(name, arrays)
+            store.save(name, arrays, server_round=self._server_round)
+
+    def _memory_rounds(self) -> dict[str, int]:
+        record = self.context.state.get(STATE_PREFIX + ROUNDS_RECORD)
+        return {} if record is None else {k: int(v) for k, v in record.items()}
+
+    def _cache(self, name: str, arrays: Sequence[np.ndarray], saved_round: int | None) -> None:
+        self.context.state[STATE_PREFIX + name] = ArrayRecord(numpy_ndarrays=list(arrays))
+        rounds = self._memory_rounds()
+        if saved_round is None:
+            rounds.pop(name, None)
+        else:
+            rounds[name] = int(saved_round)
+        self.context.state[STATE_PREFIX + ROUNDS_RECORD] = ConfigRecord(rounds)
+
+    def begin_message(self, server_round: int, *, training: bool) -> None:
+        """Note the round of the message being handled: what state is valid (see above) and what round a
+        save records. Called first by :meth:`fit` and :meth:`evaluate`."""
+        self._server_round = server_round if server_round > 0 else None
+        if server_round > 0:
+            self._state_horizon = server_round - 1 if training else server_round
 
     def state_store(self) -> ClientStateStore | None:
         """This client's on-disk state (node config ``state-dir``, else ``client_state_dir``); None = memory only."""
@@ -183,6 +221,7 @@ class FedPersClient(NumPyClient):
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
         """One round of local training; returns only ``upload_part``, keeps ``persistent_part``."""
         server_round = int(config.get("server_round", 0))
+        self.begin_message(server_round, training=True)
         generator = seed_everything(self.cfg.seed, server_round, self.partition_id, 1)
         self.prepare(parameters)
         loss = self.train(generator)
@@ -200,6 +239,7 @@ class FedPersClient(NumPyClient):
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
         """Accuracy of this client's personalized model on its own test split."""
         server_round = int(config.get("server_round", 0))
+        self.begin_message(server_round, training=False)
         generator = seed_everything(self.cfg.seed, server_round, self.partition_id, 2)
         self.prepare(parameters)
         metrics: dict[str, Any] = {"partition_id": self.partition_id}

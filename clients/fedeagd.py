@@ -30,7 +30,7 @@ from torch import nn
 from clients.base import FedPersClient
 from fedpers.fedeagd import ema_update, fedeagd_coefficients, fusion_coefficient, historical_distillation
 from fedpers.models import set_arrays
-from fedpers.training import frozen_copy
+from fedpers.training import eval_mode_features, frozen_copy
 
 TEACHER_STATE = "ema_teacher"
 
@@ -47,6 +47,7 @@ class FedEAGDClient(FedPersClient):
         self.teacher: nn.Module | None = None
         self._drift_sum = 0.0
         self._coef_sum = 0.0
+        self._drift_max = 0.0
         self._seen = 0
 
     # --- round settings -----------------------------------------------------------------------
@@ -77,17 +78,23 @@ class FedEAGDClient(FedPersClient):
 
     # --- training -------------------------------------------------------------------------------
     def batch_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """CE of the fused model plus the per-sample weighted historical distillation of the extractor."""
+        """CE of the fused model plus the per-sample weighted historical distillation of the extractor.
+
+        The drift that sets each sample's coefficient compares the student's and the teacher's features in
+        the same mode (both eval mode, no dropout), so identical extractors have drift 0; the distillation
+        loss itself is on the training-mode features, which carry the gradient."""
         z = self.model.backbone(x)
         loss = F.cross_entropy(self.model.classify(z), y)
         if self.teacher is None:
             return loss
         with torch.no_grad():
             t = self.teacher.backbone(x)
+            z_matched = eval_mode_features(self.model.backbone, x)
         drift, coef = fedeagd_coefficients(
-            z, t, adaptive=self.cfg.fedeagd_kd_weighting == "adaptive", base=self.cfg.fedeagd_kd_base,
+            z_matched, t, adaptive=self.cfg.fedeagd_kd_weighting == "adaptive", base=self.cfg.fedeagd_kd_base,
             upper=self.cfg.fedeagd_kd_max, fixed=self.cfg.fedeagd_kd_fixed)
         self._drift_sum += float(drift.sum())
+        self._drift_max = max(self._drift_max, float(drift.max()))
         self._coef_sum += float(coef.sum())
         self._seen += len(drift)
         return loss + historical_distillation(z, t, coef, self.cfg.fedeagd_kd_form)
@@ -95,7 +102,9 @@ class FedEAGDClient(FedPersClient):
     # --- Flower NumPyClient interface -------------------------------------------------------------
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
         """One FedEAGD round; uploads the shared extractor only, then updates the EMA teacher."""
-        alpha = self.set_round(int(config.get("server_round", 0)))
+        server_round = int(config.get("server_round", 0))
+        self.begin_message(server_round, training=True)  # the teacher is read before the base fit
+        alpha = self.set_round(server_round)
         self.teacher = self.load_teacher()
         uploaded, n, metrics = super().fit(parameters, config)
         self.teacher = None
@@ -104,6 +113,7 @@ class FedEAGDClient(FedPersClient):
         metrics["fusion"] = alpha
         if self._seen:
             metrics["mean_drift"] = self._drift_sum / self._seen
+            metrics["max_drift"] = self._drift_max
             metrics["mean_kd_coef"] = self._coef_sum / self._seen
         return uploaded, n, metrics
 

@@ -17,7 +17,7 @@ import torch
 from clients.base import FedPersClient
 from fedpers.losses import pfedkdh_objective
 from fedpers.models import backbone_parameters
-from fedpers.training import accuracy_and_loss, adapt_head_copy, backbone_features, evaluate, frozen_copy
+from fedpers.training import accuracy_and_loss, adapt_head_copy, backbone_features, frozen_copy
 
 
 class PFedKDHClient(FedPersClient):
@@ -42,9 +42,12 @@ class PFedKDHClient(FedPersClient):
             mu=self.cfg.mu, backbone=self.student_backbone, global_backbone=self.global_backbone)
 
     def evaluate_personalized(self, generator: torch.Generator) -> tuple[float, float, dict[str, float]]:
-        """Fair: persistent head as is. EA: head-only adaptation on train data, then test."""
+        """Fair: persistent head as is. EA: head-only adaptation on train data, then test. Both heads read
+        the same test features b_theta_g(x), computed once."""
         test = self.data.test
-        fair_acc, fair_loss = evaluate(self.model, test.x, test.y)
+        features = backbone_features(self.model, test.x)
+        with torch.no_grad():
+            fair_acc, fair_loss = accuracy_and_loss(self.model.head(features), test.y)
         if self.cfg.variant == "fair":
             return fair_acc, fair_loss, {}
         train = self.data.train
@@ -52,5 +55,5 @@ class PFedKDHClient(FedPersClient):
                                batch_size=self.cfg.batch_size, generator=generator)
         with torch.no_grad():
             head.eval()
-            acc, loss = accuracy_and_loss(head(backbone_features(self.model, test.x)), test.y)
+            acc, loss = accuracy_and_loss(head(features), test.y)
         return acc, loss, {"acc_fair": fair_acc}

@@ -112,7 +112,7 @@ KEYS: tuple[Key, ...] = (
     Key("lr", float, 0.015, "client SGD learning rate", _positive),
     Key("momentum", float, 0.0, "client SGD momentum (ours: plain SGD)", _unit_interval_open_right),
     Key("weight_decay", float, 0.0, "client SGD weight decay (ours)", _non_negative),
-    Key("seed", int, 0, "seed of partitioning, model init, client sampling and training"),
+    Key("seed", int, 0, "seed of partitioning, model init, client sampling and training", _non_negative),
     Key("aux_size", int, 5000, "size of the server's labelled auxiliary set Ds (0 = none)", _non_negative),
     # --- model ---------------------------------------------------------------------------------
     Key("dropout", float, 0.25, "dropout rate of the CNN backbone (ours)", _unit_interval_open_right),
@@ -151,6 +151,9 @@ KEYS: tuple[Key, ...] = (
     Key("lambda_kd", float, 0.5, "pFedKDH distillation weight lambda_KD (ours)", _unit_interval),
     Key("mu", float, 0.01, "proximal weight mu of pFedKDH Eq. 2 and FedProx (ours)", _non_negative),
     Key("recal_epochs", int, 3, "pFedKDH teacher-head recalibration epochs on Ds (Eq. 5)", _non_negative),
+    Key("recal_every_round", bool, True,
+        "pFedKDH: recalibrate the teacher head after every aggregation (Alg. 1 line 16); false keeps only "
+        "the initial calibration of line 5 (the Fig. 3 '+KD' ablation without recurrent recalibration)"),
     Key("recal_lr", float, 0.015, "pFedKDH recalibration SGD learning rate (ours: = lr)", _positive),
     Key("warmup_epochs", int, 0, "pFedKDH global warm-up epochs E_w on Ds (Eq. 3)", _non_negative),
     Key("ea_steps", int, 10, "pFedKDH-EA head-only SGD steps at evaluation (ours)", _non_negative),
@@ -216,11 +219,13 @@ KEYS: tuple[Key, ...] = (
         "keep per-client state (heads, EMA teachers, personal models, ...) only on disk in client_state_dir "
         "instead of in memory: memory no longer grows with the number of clients, at one file read and "
         "write per sampled client per round (fedpers run without client_state_dir uses a fresh "
-        "<out_dir>/client_state, removed when the run ends; ours)"),
+        "<out_dir>/client_state-XXXXXXXX made for the run, removed when it ends; ours)"),
     Key("checkpoint_dir", str, "",
         "server checkpoint (global model, round, history) written atomically after every round; '' = none"),
     Key("resume", bool, False,
         "continue from the checkpoint in checkpoint_dir at its next round (metrics.jsonl keeps the done rounds)"),
+    Key("overwrite", bool, False,
+        "replace the run already in out_dir (summary.json, metrics.jsonl); without it such an out_dir is refused"),
     Key("round_timeout", float, 0.0,
         "seconds a round waits for client replies (Flower ServerConfig.round_timeout); 0 = no limit",
         _non_negative),
@@ -408,7 +413,17 @@ def _check_combinations(values: Mapping[str, Value]) -> None:
 class _ConfigLoader(yaml.SafeLoader):
     """PyYAML's safe loader with YAML 1.2 booleans: only true/false are booleans, so that choices such as
     ``fedeagd_fusion: off`` or ``jdfl: off`` stay the strings they read as (YAML 1.1 makes on/off/yes/no
-    booleans)."""
+    booleans); and a key given twice in one mapping is an error (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):  # noqa: D102
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key '{key}' appears twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 _ConfigLoader.yaml_implicit_resolvers = {
@@ -450,11 +465,18 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     try:
-        data = read_yaml_text(p.read_text())
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {p} is not a text file (not UTF-8): give a YAML file of key: value") from None
+    if "\x00" in text:
+        raise ConfigError(f"config file {p} is not a text file (NUL bytes): give a YAML file of key: value")
+    try:
+        data = read_yaml_text(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
-        raise ConfigError(f"config file {p} is not valid YAML{where}") from None
+        problem = getattr(exc, "problem", None)
+        raise ConfigError(f"config file {p} is not valid YAML{where}{f': {problem}' if problem else ''}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -103,6 +103,13 @@ class Federation:
         idx = torch.as_tensor(np.sort(np.concatenate(self.partition.test)), device=device)
         return Split(xte[idx], yte[idx])
 
+    def test_positions(self) -> list[np.ndarray]:
+        """Positions of each client's test samples within :meth:`test` (same order as the client's split)."""
+        if self.partition.index_space == "split":
+            return [np.asarray(t, dtype=np.int64) for t in self.partition.test]
+        union = np.sort(np.concatenate(self.partition.test))
+        return [np.searchsorted(union, t) for t in self.partition.test]
+
     # --- domain ids (feature-skew data; None for single-domain data) ------------------------------------
     def test_domains(self) -> np.ndarray | None:
         """Domain id of every sample of :meth:`test`, in the same order (None without domain ids)."""

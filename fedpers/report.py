@@ -47,7 +47,8 @@ def collect(sweep: Sweep, runs: list[PlannedRun]) -> dict[tuple[str, str, float]
                     values.append(100.0 * final)
                     curves.append([(r["round"], 100.0 * r[metric]) for r in read_metrics(run.run_dir)
                                    if r.get(metric) is not None])
-                cells[(entry.label, dataset, alpha)] = {"values": values, "curves": curves}
+                best = [max(curve, key=lambda point: point[1]) for curve in curves if curve]
+                cells[(entry.label, dataset, alpha)] = {"values": values, "curves": curves, "best": best}
     return cells
 
 
@@ -62,8 +63,13 @@ def write_tables(sweep: Sweep, cells: dict, out: Path) -> tuple[Path, Path]:
     for d, a in cols:
         means = [np.mean(cells[(m.label, d, a)]["values"]) for m in sweep.methods if cells[(m.label, d, a)]["values"]]
         best[(d, a)] = max(means) if means else None
-    header = "| method | " + " | ".join(f"{dataset_tag(d)} α={a:g}" for d, a in cols) + " |"
-    lines = [header, "|---|" + "---|" * len(cols)]
+    def paper_of(label: str, d: str, a: float) -> float | None:
+        return sweep.paper.get(label, {}).get(f"{dataset_tag(d)}_a{a:g}")
+
+    with_paper = [(d, a) for d, a in cols if any(paper_of(m.label, d, a) is not None for m in sweep.methods)]
+    header = "| method | " + " | ".join(
+        f"{dataset_tag(d)} α={a:g}" + (" | paper | diff" if (d, a) in with_paper else "") for d, a in cols) + " |"
+    lines = [header, "|---|" + "---|" * (len(cols) + 2 * len(with_paper))]
     with (out / "table.csv").open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["method"] + [f"{dataset_tag(d)}_a{a:g}_{s}" for d, a in cols for s in ("mean", "std", "n")])
@@ -71,19 +77,33 @@ def write_tables(sweep: Sweep, cells: dict, out: Path) -> tuple[Path, Path]:
             md_cells, csv_cells = [], []
             for d, a in cols:
                 vals = cells[(m.label, d, a)]["values"]
+                paper = paper_of(m.label, d, a)
                 if not vals:
                     md_cells.append("–")
                     csv_cells += ["", "", 0]
-                    continue
-                mean, std = float(np.mean(vals)), float(np.std(vals))
-                text = f"{mean:.2f}±{std:.2f}"
-                md_cells.append(f"**{text}**" if best[(d, a)] is not None and np.isclose(mean, best[(d, a)]) else text)
-                csv_cells += [f"{mean:.4f}", f"{std:.4f}", len(vals)]
+                else:
+                    mean, std = float(np.mean(vals)), float(np.std(vals))
+                    text = f"{mean:.2f}±{std:.2f}"
+                    md_cells.append(f"**{text}**" if best[(d, a)] is not None and np.isclose(mean, best[(d, a)])
+                                    else text)
+                    csv_cells += [f"{mean:.4f}", f"{std:.4f}", len(vals)]
+                if (d, a) in with_paper:
+                    md_cells.append("–" if paper is None else f"{paper:.2f}")
+                    md_cells.append("" if paper is None or not vals else f"{float(np.mean(vals)) - paper:+.2f}")
             lines.append(f"| {m.label} | " + " | ".join(md_cells) + " |")
             writer.writerow([m.label] + csv_cells)
     seeds = ", ".join(map(str, sweep.seeds))
-    note = (f"\nAccuracy in %, mean ± std over seeds {seeds} (finished runs only). Shared-model methods: global "
-            "accuracy; personalized methods: personalized macro accuracy; best mean per column in bold.\n")
+    note = (f"\nFinal-round accuracy in %, mean ± std over seeds {seeds} (finished runs only). Shared-model methods: "
+            "global accuracy; personalized methods: personalized macro accuracy (equal weight per client); best "
+            "mean per column in bold." + (" 'paper': the paper's reported value; 'diff': ours - paper." if with_paper
+                                          else "") + "\n")
+    lines += ["", "Best evaluated round (max over the rounds evaluated; per seed: value % (round)):", "",
+              "| method | " + " | ".join(f"{dataset_tag(d)} α={a:g}" for d, a in cols) + " |",
+              "|---|" + "---|" * len(cols)]
+    for m in sweep.methods:
+        lines.append(f"| {m.label} | " + " | ".join(
+            ", ".join(f"{value:.2f} ({rnd})" for rnd, value in cells[(m.label, d, a)]["best"]) or "–"
+            for d, a in cols) + " |")
     (out / "table.md").write_text("\n".join(lines) + "\n" + note)
     return out / "table.md", out / "table.csv"
 

@@ -6,7 +6,12 @@ float/int arrays plus one JSON metadata object (stored as the uint8 array ``__me
 
 Layout of a client state directory (``client_state_dir``, or the SuperNode's node-config ``state-dir``)::
 
-    <dir>/partition-<pid>/<name>.npz      arrays saved by FedPersClient.save_state(name, arrays)
+    <dir>/partition-<pid>/<name>.npz            arrays saved by FedPersClient.save_state(name, arrays)
+    <dir>/partition-<pid>/<name>@previous.npz   the version before it, from an earlier round
+
+Every version records the round it was saved in. A run resumed from the server checkpoint of round r
+starts round r + 1 again; a client that had already saved state in that lost round must start from the
+version before it, which ``load(name, max_round=r)`` returns.
 
 A file's metadata carries a fingerprint of the experiment (the config without the keys that only steer
 how a run is executed), so state from another experiment in the same directory is ignored, not loaded.
@@ -31,7 +36,7 @@ FORMAT_VERSION = 1
 # so e.g. extending `rounds` or moving `out_dir` keeps the saved state usable.
 MECHANICS_KEYS = frozenset({
     "out_dir", "rounds", "eval_every", "device", "client_cpus", "client_gpus",
-    "client_state_dir", "client_state_spill", "checkpoint_dir", "resume", "round_timeout",
+    "client_state_dir", "client_state_spill", "checkpoint_dir", "resume", "overwrite", "round_timeout",
 })
 
 
@@ -92,26 +97,58 @@ class ClientStateStore:
             raise ValueError(f"bad state name {name!r}")
         return self.dir / f"{name}.npz"
 
-    def save(self, name: str, arrays: Sequence[np.ndarray], **meta: Any) -> Path:
-        """Save a list of arrays under ``name`` (atomically)."""
+    def previous_path(self, name: str) -> Path:
+        """The version of ``name`` saved before the current one (kept so a resumed round can start again
+        from the state that preceded it)."""
+        return self.path(name).with_name(f"{name}@previous.npz")
+
+    def saved_round(self, name: str) -> int | None:
+        """The round the current version of ``name`` was saved in (None: absent or saved without one)."""
+        meta = self._meta(self.path(name))
+        return None if meta is None else meta.get("round")
+
+    def save(self, name: str, arrays: Sequence[np.ndarray], *, server_round: int | None = None,
+             **meta: Any) -> Path:
+        """Save a list of arrays under ``name`` (atomically), as saved in ``server_round``.
+
+        The current version moves to ``name@previous`` when it is from an earlier round; a version from
+        the same or a later round belongs to a round that is being run again after a resume and is
+        simply replaced."""
         named = {f"a{i:04d}": np.asarray(a) for i, a in enumerate(arrays)}
         info = {"format": FORMAT_VERSION, "name": name, "partition_id": self.partition_id,
-                "fingerprint": self.fingerprint, "count": len(named), **meta}
-        return atomic_save_npz(self.path(name), named, info)
+                "fingerprint": self.fingerprint, "count": len(named), "round": server_round, **meta}
+        current = self.path(name)
+        old_round = self.saved_round(name) if current.is_file() else None
+        if server_round is not None and old_round is not None and old_round < server_round:
+            os.replace(current, self.previous_path(name))
+        return atomic_save_npz(current, named, info)
 
-    def load(self, name: str) -> list[np.ndarray] | None:
-        """The arrays saved under ``name``; None when absent or saved by another experiment/partition."""
-        path = self.path(name)
+    def load(self, name: str, max_round: float = float("inf")) -> list[np.ndarray] | None:
+        """The newest arrays saved under ``name`` in a round <= ``max_round``; None when there are none or
+        they were saved by another experiment/partition."""
+        for path in (self.path(name), self.previous_path(name)):
+            meta = self._meta(path)
+            if meta is None:
+                continue
+            if meta.get("fingerprint") != self.fingerprint or meta.get("partition_id") != self.partition_id:
+                return None
+            saved = meta.get("round")
+            if saved is None or saved <= max_round:
+                arrays, _ = load_npz(path)
+                return [arrays[f"a{i:04d}"] for i in range(int(meta.get("count", len(arrays))))]
+        return None
+
+    @staticmethod
+    def _meta(path: Path) -> dict[str, Any] | None:
+        """Only the metadata of a state file (an npz member is read on access, the arrays are not)."""
         if not path.is_file():
             return None
-        arrays, meta = load_npz(path)
-        if meta.get("fingerprint") != self.fingerprint or meta.get("partition_id") != self.partition_id:
-            return None
-        return [arrays[f"a{i:04d}"] for i in range(int(meta.get("count", len(arrays))))]
+        with np.load(path, allow_pickle=False) as data:
+            return json.loads(bytes(data[META_KEY]).decode()) if META_KEY in data.files else {}
 
     def names(self) -> list[str]:
         """Names with a saved file."""
-        return sorted(p.stem for p in self.dir.glob("*.npz")) if self.dir.is_dir() else []
+        return sorted(p.stem for p in self.dir.glob("*.npz") if "@" not in p.stem) if self.dir.is_dir() else []
 
 
 def _json_default(value: Any) -> Any:

@@ -14,12 +14,14 @@ A sweep file (YAML)::
 
 Rows that differ only in label/metric share their runs (pFedKDH-Fair and -EA come from one run).
 Every run's config is validated before the first run starts. A run whose ``summary.json`` exists is
-skipped, so an interrupted sweep resumes where it stopped.
+skipped, and every run checkpoints after each round (:func:`resumable`), so an interrupted sweep resumes
+where it stopped: at the next run, or inside the interrupted one after its last finished round.
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -59,6 +61,8 @@ class Sweep:
     seeds: list[int]
     base: dict[str, Any] = field(default_factory=dict)
     ablation: bool = False
+    # the paper's numbers, for the report's side-by-side columns: label -> {"<dataset>_a<alpha>": accuracy %}
+    paper: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,30 @@ def _as_list(raw: dict, key: str, path: Path) -> list:
     return value if isinstance(value, list) else [value]
 
 
+def _numbers(raw: dict, key: str, path: Path, kind: type) -> list:
+    """The sweep's ``key`` list as numbers of ``kind``; anything else is one clear line."""
+    out = []
+    for value in _as_list(raw, key, path):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+            raise ConfigError(f"sweep {path}: '{key}' must list {'integers' if kind is int else 'numbers'}, "
+                              f"got {value!r}")
+        out.append(kind(value))
+    return out
+
+
+def _paper_numbers(raw: Any, path: Path) -> dict[str, dict[str, float]]:
+    """The sweep's ``paper`` entry: ``{label: {"<dataset>_a<alpha>": accuracy in %}}``."""
+    if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
+        raise ConfigError(f"sweep {path}: 'paper' must map a method label to {{<dataset>_a<alpha>: accuracy %}}")
+    out: dict[str, dict[str, float]] = {}
+    for label, cells in raw.items():
+        for column, value in cells.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"sweep {path}: paper value of {label} {column} must be a number, got {value!r}")
+            out.setdefault(str(label), {})[str(column)] = float(value)
+    return out
+
+
 def load_sweep(path: str | Path, sets: list[str] | None = None, datasets: list[str] | None = None) -> Sweep:
     """Parse and validate a sweep file; ``sets`` (``key=value``) override its ``base`` and ``datasets``
     its dataset list. Every run's config is checked by the config schema."""
@@ -95,7 +123,7 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, datasets: list[s
         raw = read_yaml_text(p.read_text()) or {}
     except yaml.YAMLError:
         raise ConfigError(f"sweep file {p} is not valid YAML") from None
-    unknown = set(raw) - {"base", "methods", "datasets", "alphas", "seeds", "ablation"}
+    unknown = set(raw) - {"base", "methods", "datasets", "alphas", "seeds", "ablation", "paper"}
     if unknown:
         raise ConfigError(f"sweep {p}: unknown entries {sorted(unknown)}")
     methods = []
@@ -111,8 +139,8 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, datasets: list[s
 
     base = {**(raw.get("base") or {}), **parse_set_arguments(sets or [])}
     sweep = Sweep(methods, [str(d) for d in (datasets or _as_list(raw, "datasets", p))],
-                  [float(a) for a in _as_list(raw, "alphas", p)], [int(s) for s in _as_list(raw, "seeds", p)],
-                  base, bool(raw.get("ablation", False)))
+                  _numbers(raw, "alphas", p, float), _numbers(raw, "seeds", p, int),
+                  base, bool(raw.get("ablation", False)), _paper_numbers(raw.get("paper") or {}, p))
     labels = [m.label for m in sweep.methods]
     if len(set(labels)) != len(labels):
         raise ConfigError(f"sweep {p}: method labels must be unique, got {labels}")
@@ -125,12 +153,13 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, datasets: list[s
 
 
 def plan(sweep: Sweep, out: str | Path) -> list[PlannedRun]:
-    """Every distinct run of the sweep, in a stable order."""
+    """Every distinct run of the sweep, in a stable order: a whole table column (every method of one
+    seed, dataset and alpha) before the next, so that an unfinished sweep leaves whole columns."""
     runs: dict[tuple, PlannedRun] = {}
-    for entry in sweep.methods:
+    for seed in sweep.seeds:
         for dataset in sweep.datasets:
             for alpha in sweep.alphas:
-                for seed in sweep.seeds:
+                for entry in sweep.methods:
                     run_dir = Path(out) / "runs" / entry.run_key / f"{dataset_tag(dataset)}_a{alpha:g}" / f"seed{seed}"
                     overrides = {**sweep.base, "method": entry.method, **entry.set, "dataset": dataset,
                                  "alpha": alpha, "seed": seed, "out_dir": str(run_dir)}
@@ -153,16 +182,45 @@ def read_plan(out: str | Path) -> tuple[Sweep, list[PlannedRun]]:
     path = Path(out) / "sweep.json"
     if not path.is_file():
         raise ConfigError(f"{out} holds no sweep.json: run `fedpers sweep` first")
-    raw = json.loads(path.read_text())
-    s = raw["sweep"]
-    sweep = Sweep([MethodEntry(**m) for m in s["methods"]], s["datasets"], s["alphas"], s["seeds"], s["base"],
-                  s["ablation"])
-    return sweep, [PlannedRun(**r) for r in raw["runs"]]
+    try:
+        raw = json.loads(path.read_text())
+        s = raw["sweep"]
+        sweep = Sweep([MethodEntry(**m) for m in s["methods"]], s["datasets"], s["alphas"], s["seeds"], s["base"],
+                      s["ablation"], s.get("paper", {}))
+        return sweep, [PlannedRun(**r) for r in raw["runs"]]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path} is not a sweep.json written by `fedpers sweep` ({type(exc).__name__}); "
+                          "run `fedpers sweep` again to rewrite it") from None
 
 
 def _eta(seconds: float) -> str:
     s = int(seconds)
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def run_child(cmd: list[str]) -> int:
+    """Run one ``fedpers run`` and return its exit code. On Ctrl-C the run gets the interrupt too and is
+    waited for (it stops its own Ray cluster and keeps its finished rounds), then the sweep stops."""
+    child = subprocess.Popen(cmd)
+    try:
+        return child.wait()
+    except KeyboardInterrupt:
+        child.send_signal(signal.SIGINT)
+        try:
+            child.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        raise
+
+
+def resumable(run_dir: str | Path) -> dict[str, Any]:
+    """Keys that make a sweep run resumable within itself: the server checkpoint after every round and the
+    clients' persistent state on disk (versioned by round, see ``fedpers.state_store``), both in the run's
+    directory; an interrupted run continues after its last finished round when the sweep is started again."""
+    run_dir = Path(run_dir)
+    return {"checkpoint_dir": str(run_dir / "checkpoint"), "client_state_dir": str(run_dir / "client_state"),
+            "resume": True}
 
 
 def run_sweep(sweep: Sweep, out: str | Path, *, tensorboard: bool = False) -> list[PlannedRun]:
@@ -180,9 +238,11 @@ def run_sweep(sweep: Sweep, out: str | Path, *, tensorboard: bool = False) -> li
         print(f"sweep | run {i}/{len(todo)} | {run.run_key} {dataset_tag(run.dataset)} alpha={run.alpha:g} "
               f"seed={run.seed} | elapsed {_eta(elapsed)} | ETA {_eta(eta)}", flush=True)
         cmd = [sys.executable, "-m", "fedpers.cli", "run"]
-        for key, value in {**run.overrides, "tensorboard": tensorboard}.items():
-            cmd += ["--set", f"{key}={json.dumps(value) if isinstance(value, bool) else value}"]
-        if subprocess.run(cmd).returncode != 0:
+        for key, value in {**run.overrides, **resumable(run.run_dir), "tensorboard": tensorboard}.items():
+            # JSON is read back by YAML as exactly this value: no character (a '#' in a path, a ': ',
+            # quotes) can change its meaning or its type
+            cmd += ["--set", f"{key}={json.dumps(value)}"]
+        if run_child(cmd) != 0:
             failed.append(run)
             print(f"sweep | run failed: {run.run_dir}", flush=True)
     print(f"sweep | finished in {_eta(time.perf_counter() - started)}; {len(failed)} failed", flush=True)

@@ -13,7 +13,9 @@ from torch import nn
 
 
 BatchLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-EVAL_BATCH = 1024
+# Inference batch: measured on MNIST with the FedAvgCNN on 2 CPU cores, batches of 64-256 run 1.7x faster
+# than 1,024 (benchmarks/results/round_profile.md); 128 is near the best for 1 and 2 threads.
+EVAL_BATCH = 128
 
 
 def resolve_device(name: str) -> torch.device:
@@ -92,6 +94,34 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float,
     return accuracy_and_loss(predict_logits(model, x), y)
 
 
+def step_batches(n: int, batch_size: int, steps: int, generator: torch.Generator,
+                 device: torch.device) -> list[torch.Tensor]:
+    """Index batches of exactly ``steps`` mini-batch steps, cycling through shuffled epochs of ``range(n)``
+    (each epoch a fresh permutation, as :func:`minibatches` draws it)."""
+    batches: list[torch.Tensor] = []
+    while n > 0 and len(batches) < steps:
+        for idx in minibatches(n, batch_size, generator, device):
+            if len(batches) >= steps:
+                break
+            batches.append(idx)
+    return batches
+
+
+def _head_sgd(head: nn.Module, batches, lr: float) -> float:
+    """Cross-entropy SGD on ``head`` over ``(features, labels)`` batches; returns the mean loss."""
+    opt = sgd(head.parameters(), lr)
+    head.train()
+    total, count = 0.0, 0
+    for feats, labels in batches:
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(head(feats), labels)
+        loss.backward()
+        opt.step()
+        total += float(loss.detach()) * len(labels)
+        count += len(labels)
+    return total / max(count, 1)
+
+
 def train_head_on_features(head: nn.Module, features: torch.Tensor, y: torch.Tensor, *, lr: float,
                            batch_size: int, generator: torch.Generator, epochs: int = 0,
                            steps: int = 0) -> float:
@@ -100,23 +130,9 @@ def train_head_on_features(head: nn.Module, features: torch.Tensor, y: torch.Ten
     mini-batch steps, cycling through the data (the EA variant). Returns the mean loss."""
     if len(features) == 0:
         return float("nan")
-    opt = sgd(head.parameters(), lr)
-    head.train()
-    batches_per_epoch = -(-len(features) // batch_size)
-    total_steps = steps if steps > 0 else epochs * batches_per_epoch
-    total, count, done = 0.0, 0, 0
-    while done < total_steps:
-        for idx in minibatches(len(features), batch_size, generator, features.device):
-            if done >= total_steps:
-                break
-            opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(head(features[idx]), y[idx])
-            loss.backward()
-            opt.step()
-            total += float(loss.detach()) * len(idx)
-            count += len(idx)
-            done += 1
-    return total / max(count, 1)
+    total_steps = steps if steps > 0 else epochs * -(-len(features) // batch_size)
+    batches = step_batches(len(features), batch_size, total_steps, generator, features.device)
+    return _head_sgd(head, ((features[idx], y[idx]) for idx in batches), lr)
 
 
 def recalibrate_head(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, lr: float,
@@ -133,12 +149,31 @@ def recalibrate_head(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epoc
 def adapt_head_copy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int, lr: float,
                     batch_size: int, generator: torch.Generator) -> nn.Module:
     """pFedKDH-EA: a copy of the head refined by ``steps`` head-only SGD steps on the client's *train*
-    data with the backbone frozen; the persistent head itself is left unchanged."""
+    data with the backbone frozen; the persistent head itself is left unchanged.
+
+    Only the samples the steps visit are passed through the frozen backbone (at most
+    ``steps * batch_size``, not the whole train split); the batches are those of
+    :func:`train_head_on_features` with the same generator."""
     head = copy.deepcopy(model.head)
     if steps > 0 and len(x) > 0:
-        feats = backbone_features(model, x)
-        train_head_on_features(head, feats, y, lr=lr, batch_size=batch_size, generator=generator, steps=steps)
+        batches = step_batches(len(x), batch_size, steps, generator, x.device)
+        used, where = torch.unique(torch.cat(batches), return_inverse=True)
+        feats = backbone_features(model, x[used])
+        positions = torch.split(where, [len(b) for b in batches])
+        _head_sgd(head, ((feats[pos], y[used][pos]) for pos in positions), lr)
     return head
+
+
+@torch.no_grad()
+def eval_mode_features(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` in eval mode (no dropout), then ``module``'s train/eval mode restored: features
+    comparable with a frozen teacher's, taken in the middle of training."""
+    was_training = module.training
+    module.eval()
+    try:
+        return module(x)
+    finally:
+        module.train(was_training)
 
 
 def frozen_copy(model: nn.Module) -> nn.Module:

@@ -44,7 +44,7 @@ from fedpers.models import Part, array_shapes, build_model, get_arrays, set_arra
 from fedpers.progress import format_round_line
 from fedpers.registry import get_method, model_kind_of
 from fedpers.results import ResultsWriter
-from fedpers.training import evaluate, resolve_device
+from fedpers.training import accuracy_and_loss, predict_logits, resolve_device
 from fedpers.validation import aggregate_updates, update_problem
 
 PERSONAL_ACC_PREFIX = "acc_"  # extra client metrics "acc_<name>" become "personalized_macro_acc_<name>"
@@ -61,6 +61,11 @@ class FedPersStrategy(FedAvg):
     download_part: Part = "all"
     upload_part: Part = "all"
     has_global_model: bool = True
+    # True where every client's personalized model *is* the global model (FedAvg and the global optimizers
+    # built on it): the per-client accuracies are then read off the server's one evaluation of the global
+    # model on the union of the clients' test splits, instead of each client repeating that forward pass
+    # on its own slice of it (no evaluate messages are sent).
+    personalized_is_global: bool = False
 
     def __init__(self, cfg: Config, federation: Federation, writer: ResultsWriter | None = None):
         k = federation.num_clients
@@ -211,15 +216,29 @@ class FedPersStrategy(FedAvg):
             self._round["global_acc"] = None
             return None
         test = self.federation.test(self.device)
-        acc, loss = evaluate(self.model, test.x, test.y)
+        logits = predict_logits(self.model, test.x)
+        acc, loss = accuracy_and_loss(logits, test.y)
         self._round["global_acc"] = acc
+        if self.personalized_is_global:
+            self._round["per_client_from_global"] = self.per_client_accuracy(logits.argmax(dim=1) == test.y)
         return loss, {"global_acc": acc}
+
+    def per_client_accuracy(self, correct) -> dict[int, float]:
+        """Each client's accuracy from ``correct``, one boolean per sample of :meth:`Federation.test` (in
+        its order): the mean over the positions of the client's own test split."""
+        correct = np.asarray(correct.cpu() if hasattr(correct, "cpu") else correct, dtype=bool)
+        return {pid: float(correct[pos].mean()) for pid, pos in enumerate(self.federation.test_positions())
+                if len(pos)}
 
     def configure_evaluate(self, server_round: int, parameters: Parameters,
                            client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:
         """Every client evaluates its personalized model (eval rounds only)."""
         if not self._is_eval_round(server_round):
             self._finish_round(server_round, None, {})
+            return []
+        if self.personalized_is_global and "per_client_from_global" in self._round:
+            # no client state is involved: the evaluated model is the one the server holds
+            self._finish_round(server_round, self._round["per_client_from_global"], {"client_state_consistent": True})
             return []
         proxies = self._proxies_by_partition(client_manager, server_round)
         ins = EvaluateIns(parameters, {"server_round": server_round})

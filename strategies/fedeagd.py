@@ -52,11 +52,14 @@ class FedEAGDStrategy(FedPersStrategy):
         """As the base; also records per-client upload sizes and the clients' mean drift/coefficient."""
         ups = [parameters_nbytes(res.parameters) for _, res in results]
         self._round["fit_up_each"] = ups
-        for name in ("mean_drift", "mean_kd_coef"):
+        for name in ("mean_drift", "mean_kd_coef", "max_drift"):
             vals = [(float(res.metrics[name]), res.num_examples) for _, res in results
                     if isinstance(res.metrics.get(name), (int, float)) and math.isfinite(res.metrics[name])]
             n = sum(c for _, c in vals)
-            self._round[name] = sum(v * c for v, c in vals) / n if n else None
+            if name == "max_drift":
+                self._round[name] = max((v for v, _ in vals), default=None)
+            else:
+                self._round[name] = sum(v * c for v, c in vals) / n if n else None
         return super().aggregate_fit(server_round, results, failures)
 
     def _finish_round(self, server_round: int, per_client: dict[int, float] | None, extras: dict[str, Any]) -> None:
@@ -74,6 +77,7 @@ class FedEAGDStrategy(FedPersStrategy):
             "fit_bytes_down": int(r.get("fit_down_total", 0)),
             "fedeagd_mean_drift": r.get("mean_drift"),
             "fedeagd_mean_kd_coef": r.get("mean_kd_coef"),
+            "fedeagd_max_drift": r.get("max_drift"),
         }
         self.comm_totals["fit_bytes_up"] += comm["fit_bytes_up"]
         self.comm_totals["fit_bytes_down"] += comm["fit_bytes_down"]

@@ -5,7 +5,9 @@
   head is ever transmitted, averaged or reset.
 * Optional global warm-up of (theta_g, phi_g) on Ds for ``warmup_epochs`` epochs (Eq. 3, lines 2-4).
 * Teacher-head recalibration on Ds with the backbone frozen, before round 1 and after every
-  aggregation (Eq. 5, lines 5 and 16), for ``recal_epochs`` epochs.
+  aggregation (Eq. 5, lines 5 and 16), for ``recal_epochs`` epochs. ``recal_every_round=false`` keeps
+  the calibration before round 1 and drops the recurrent one (the Fig. 3 "+KD" ablation: the paper's
+  text names "recurrent recalibration" as the component that bar lacks).
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ class PFedKDHStrategy(FedPersStrategy):
     def apply_aggregate(self, server_round: int, aggregated: list[np.ndarray]) -> None:
         """Eq. (4) then Eq. (5): install the averaged backbone, recalibrate the teacher head on Ds."""
         super().apply_aggregate(server_round, aggregated)
-        self._recalibrate(server_round)
+        if self.cfg.recal_every_round:
+            self._recalibrate(server_round)
 
     def _recalibrate(self, server_round: int) -> None:
         gen = seed_everything(self.cfg.seed, SERVER_STREAM, server_round + 1)

@@ -344,14 +344,14 @@ def test_state_survives_unsampled_rounds_and_is_what_is_evaluated(method):
     cls = METHODS[method].client_class()
     context = make_context(1, cfg.num_clients)
     _, _, fit_metrics = cls(cfg, context).fit(params, {"server_round": 1})
-    saved = {k: v.to_numpy_ndarrays() for k, v in context.state.items()}
+    saved = {k: v.to_numpy_ndarrays() for k, v in context.state.array_records.items()}
     assert saved  # something was persisted
     # rounds 2-3: not sampled; the server's model changes; new client objects (as Flower makes them)
     for r, shift in ((2, 0.01), (3, -0.02)):
         _, _, em = cls(cfg, context).evaluate([a + shift for a in params], {"server_round": r})
         assert em["state_digest"] == fit_metrics["state_digest"]
-    assert {k: v.to_numpy_ndarrays() for k, v in context.state.items()}.keys() == saved.keys()
-    for k, v in context.state.items():
+    assert {k: v.to_numpy_ndarrays() for k, v in context.state.array_records.items()}.keys() == saved.keys()
+    for k, v in context.state.array_records.items():
         assert arrays_equal(v.to_numpy_ndarrays(), saved[k])  # evaluation never changes state
 
 

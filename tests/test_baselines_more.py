@@ -383,15 +383,15 @@ def test_state_survives_unsampled_rounds(method):
     cls = METHODS[method].client_class()
     context = make_context(1, cfg.num_clients)
     _, _, fit_metrics = cls(cfg, context).fit(params, {"server_round": 2})
-    saved = {k: v.to_numpy_ndarrays() for k, v in context.state.items()}
+    saved = {k: v.to_numpy_ndarrays() for k, v in context.state.array_records.items()}
     assert saved
     for r in (3, 4):  # not sampled: evaluated only, against a changed broadcast
         changed = [a + 0.01 * r if a.size and a.ndim > 1 else a for a in params]
         _, _, em = cls(cfg, context).evaluate(changed, {"server_round": r})
         if "state_digest" in fit_metrics:
             assert em["state_digest"] == fit_metrics["state_digest"]
-    assert {k: v.to_numpy_ndarrays() for k, v in context.state.items()}.keys() == saved.keys()
-    for k, v in context.state.items():
+    assert {k: v.to_numpy_ndarrays() for k, v in context.state.array_records.items()}.keys() == saved.keys()
+    for k, v in context.state.array_records.items():
         assert arrays_equal(v.to_numpy_ndarrays(), saved[k])
 
 

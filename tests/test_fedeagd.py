@@ -20,6 +20,7 @@ from fedpers.fedeagd import (
 )
 from fedpers.federation import get_federation
 from fedpers.models import array_shapes, build_model, get_arrays, parameter_count, parameter_names, set_arrays
+from fedpers.training import frozen_copy
 from strategies.fedeagd import FedEAGDStrategy
 from tests.conftest import tiny_overrides
 from tests.test_clients import make_context
@@ -348,3 +349,34 @@ def test_fedeagd_simulation_counts_shared_extractor_bytes(tmp_path):
     assert summary["fit_bytes_up"] == sum(r["fit_bytes_up"] for r in rounds)
     assert summary["fit_messages"] == 6
     assert summary["bytes_per_client_per_round_bidirectional"] == rounds[-1]["bytes_per_client_bidirectional"]
+
+
+def test_drift_of_identical_extractors_is_zero_with_dropout_on():
+    """The drift compares student and teacher features in the same (eval) mode: a teacher equal to the
+    student gives drift 0 on every sample although the student trains with dropout."""
+    cfg = fedeagd_cfg(dropout=0.5)
+    ctx = _trained_context(cfg)
+    client = FedEAGDClient(cfg, ctx)
+    client.set_round(2)
+    client.prepare(broadcast(cfg)[1])
+    client.teacher = frozen_copy(client.model)
+    client.model.train()
+    train = client.data.train
+    client.batch_loss(train.x[:32], train.y[:32])
+    assert client._seen == 32
+    assert client._drift_max < 1e-6 and client._drift_sum < 1e-5
+    assert client.model.training and client.model.backbone.training  # training mode restored
+
+
+def test_untrained_squeeze_excitation_gate_is_nearly_open():
+    """The SE gate starts at sigmoid(SE_GATE_BIAS) = 0.95 with the excitation weights at zero, and stays
+    near it with the random ones: an untrained block does not halve its features."""
+    from fedpers.models import SE_GATE_BIAS, SqueezeExcitation
+
+    torch.manual_seed(0)
+    se = SqueezeExcitation(32)
+    x = torch.rand(4, 32, 6, 6)
+    gate = se(x) / x
+    assert gate.min() > 0.85 and gate.mean() > 0.9
+    torch.nn.init.zeros_(se.fc2.weight)
+    torch.testing.assert_close(se(x), x * torch.sigmoid(torch.tensor(SE_GATE_BIAS)))

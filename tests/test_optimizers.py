@@ -196,9 +196,9 @@ def test_state_survives_a_round_without_participation(method):
     ctx = context(2, cfg.num_clients)
     cls = client_class_for(cfg)
     cls(cfg, ctx).fit(strategy.download_arrays(), {"server_round": 1})
-    before = {k: [a.copy() for a in v.to_numpy_ndarrays()] for k, v in ctx.state.items()}
+    before = {k: [a.copy() for a in v.to_numpy_ndarrays()] for k, v in ctx.state.array_records.items()}
     cls(cfg, ctx).evaluate(strategy.download_arrays(), {"server_round": 2})  # evaluation changes no state
-    after = {k: v.to_numpy_ndarrays() for k, v in ctx.state.items()}
+    after = {k: v.to_numpy_ndarrays() for k, v in ctx.state.array_records.items()}
     assert before.keys() == after.keys()
     for k in before:
         for a, b in zip(before[k], after[k]):

@@ -48,6 +48,9 @@ def test_plan_dedupes_rows_sharing_runs_and_validates(tmp_path):
     runs = plan(sweep, tmp_path / "out")
     assert len(runs) == 2 * 2 * 2  # fedavg + one shared pfedkdh run, x 2 alphas x 2 seeds
     assert len({r.run_dir for r in runs}) == len(runs)
+    # a whole column first: both methods of the first seed and alpha, then the next alpha
+    assert [(r.seed, r.alpha) for r in runs[:2]] == [(runs[0].seed, runs[0].alpha)] * 2
+    assert runs[0].run_key != runs[1].run_key and runs[2].alpha != runs[0].alpha
     bad = tmp_path / "bad.yaml"
     bad.write_text(SWEEP.replace("local_epochs: 1", "local_epoch: 1"))
     with pytest.raises(ConfigError, match="unknown config key 'local_epoch'"):
