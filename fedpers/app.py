@@ -16,12 +16,14 @@ from flwr.app import Context
 from flwr.client import ClientApp
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
+from fedpers.checkpoint import checkpoint_path, load_checkpoint
 from fedpers.config import Config, from_run_config
 from fedpers.errors import FedpersError
 from fedpers.federation import get_federation
 from fedpers.partition import save_partition
 from fedpers.registry import client_class_for, strategy_class_for
 from fedpers.results import ResultsWriter
+from fedpers.rundir import check_out_dir
 
 
 @functools.lru_cache(maxsize=8)
@@ -38,29 +40,42 @@ def server_fn(context: Context) -> ServerAppComponents:
     """Build the method's Strategy, its results writer and the number of rounds."""
     cfg = config_of(context)
     federation = get_federation(cfg)
+    state = checkpoint_to_resume(cfg)  # checked before the results writer touches out_dir
+    check_out_dir(cfg.out_dir, overwrite=cfg.overwrite, resume=cfg.resume,
+                  checkpoint_file=checkpoint_path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None)
     writer = ResultsWriter(cfg.out_dir, tensorboard=cfg.tensorboard)
     save_partition(writer.out_dir / "partition.npz", federation.partition, dataset=Path(cfg.dataset).name,
                    num_train=len(federation.dataset.y_train), num_test=len(federation.dataset.y_test))
     strategy = strategy_class_for(cfg)(cfg, federation, writer)  # method (+ JDFL wrapper)
     config = ServerConfig(num_rounds=cfg.rounds, round_timeout=cfg.round_timeout or None)
-    if cfg.resume:
-        return _resume(cfg, strategy, config)
+    if state is not None:
+        return _resume(cfg, strategy, config, state)
     return ServerAppComponents(strategy=strategy, config=config)
 
 
-def _resume(cfg: Config, strategy, config: ServerConfig) -> ServerAppComponents:
-    """Load ``checkpoint_dir``'s checkpoint into ``strategy`` and start the round loop after its round."""
+def checkpoint_to_resume(cfg: Config) -> dict | None:
+    """The checkpoint a ``resume=true`` run continues from, loaded and checked against ``cfg`` (None: a
+    fresh run, also when resume=true finds no checkpoint yet); a corrupt checkpoint or one of another
+    experiment is a FedpersError."""
+    from flwr.common.logger import log
+
+    if not cfg.resume:
+        return None
+    if not cfg.checkpoint_dir:
+        raise FedpersError("config key 'resume': resume=true needs checkpoint_dir")
+    if not checkpoint_path(cfg.checkpoint_dir).is_file():
+        log(WARNING, "fedpers: resume=true but no checkpoint in %s yet: starting at round 1", cfg.checkpoint_dir)
+        return None
+    return load_checkpoint(cfg.checkpoint_dir, cfg.to_dict())
+
+
+def _resume(cfg: Config, strategy, config: ServerConfig, state: dict) -> ServerAppComponents:
+    """Load the checkpoint ``state`` into ``strategy`` and start the round loop after its round."""
     from flwr.common.logger import log
     from flwr.server import SimpleClientManager
 
-    from fedpers.checkpoint import ResumableServer, checkpoint_path, load_checkpoint
+    from fedpers.checkpoint import ResumableServer
 
-    if not cfg.checkpoint_dir:
-        raise FedpersError("resume=true needs checkpoint_dir")
-    if not checkpoint_path(cfg.checkpoint_dir).is_file():
-        log(WARNING, "fedpers: resume=true but no checkpoint in %s yet: starting at round 1", cfg.checkpoint_dir)
-        return ServerAppComponents(strategy=strategy, config=config)
-    state = load_checkpoint(cfg.checkpoint_dir, cfg.to_dict())
     strategy.load_state_dict(state)
     done = int(state["round"])
     log(INFO, "fedpers: resuming from %s after round %d of %d", checkpoint_path(cfg.checkpoint_dir), done, cfg.rounds)

@@ -27,7 +27,7 @@ from flwr.server import Server
 from flwr.server.history import History
 
 from fedpers.errors import FedpersError
-from fedpers.state_store import FORMAT_VERSION, atomic_save_npz, config_fingerprint, load_npz
+from fedpers.state_store import FORMAT_VERSION, MECHANICS_KEYS, atomic_save_npz, config_fingerprint, load_npz
 
 CHECKPOINT_FILE = "server_checkpoint.npz"
 MODEL_PREFIX = "model/"
@@ -61,9 +61,15 @@ def load_checkpoint(checkpoint_dir: str | os.PathLike, config: Mapping[str, Any]
     path = checkpoint_path(checkpoint_dir)
     if not path.is_file():
         raise FedpersError(f"resume: no checkpoint at {path}")
-    arrays, meta = load_npz(path)
+    try:
+        arrays, meta = load_npz(path)
+        int(meta["round"])
+    except Exception as exc:  # truncated, not an npz, or not written by save_checkpoint
+        raise FedpersError(f"resume: {path} is not a readable fedpers checkpoint ({type(exc).__name__}); "
+                           "nothing was changed: remove it to start the run again") from None
     if config is not None and meta.get("fingerprint") != config_fingerprint(config):
-        changed = sorted(k for k in config if k in meta.get("config", {}) and meta["config"][k] != config[k])
+        changed = sorted(k for k in config if k not in MECHANICS_KEYS and k in meta.get("config", {})
+                         and meta["config"][k] != config[k])
         raise FedpersError(f"resume: {path} was written by a different experiment (changed keys: "
                            f"{', '.join(changed) or 'unknown'}); only rounds, out_dir and run mechanics may change")
     state = dict(meta)

@@ -32,6 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                      help="override a config key (repeatable)")
     run.add_argument("--out", help="output directory (same as --set out_dir=DIR)")
+    run.add_argument("--overwrite", action="store_true",
+                     help="replace the run already in --out (without it such a directory is refused)")
     run.add_argument("--verbose", action="store_true", help="show Flower's and Ray's logs")
     run.add_argument("--tensorboard", action="store_true", help="also write TensorBoard events to OUT/tensorboard")
     sweep = sub.add_parser("sweep", help="run methods x datasets x alpha x seeds (resumable)")
@@ -56,12 +58,14 @@ def _parser() -> argparse.ArgumentParser:
     local.add_argument("--clients", type=int, required=True, help="number of SuperNodes (= num_clients)")
     local.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     local.add_argument("--out", required=True, help="output directory (results, logs, keys, state)")
+    local.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
     local.add_argument("--isolation", choices=("subprocess", "process"), default="subprocess",
                        help="ClientApp isolation of the SuperNodes (default: subprocess)")
     local.add_argument("--timeout", type=float, default=3600.0, help="seconds the run may take (default 3600)")
     certs = dsub.add_parser("certs", help="make a CA, a SuperLink certificate and SuperNode keys")
     certs.add_argument("--out", required=True, help="directory for ca.crt, server.pem/.key, supernode-<i>.key(.pub)")
     certs.add_argument("--nodes", type=int, default=3, help="number of SuperNode key pairs")
+    certs.add_argument("--force", action="store_true", help="replace a CA already in --out")
     certs.add_argument("--host", dest="hosts", action="append", default=[],
                        help="DNS name or IP the SuperLink is reached at (repeatable; default superlink, "
                             "localhost, 127.0.0.1)")
@@ -73,6 +77,8 @@ def resolve(args: argparse.Namespace) -> Config:
     extra = {"out_dir": args.out} if getattr(args, "out", None) else {}
     if getattr(args, "tensorboard", False):
         extra["tensorboard"] = True
+    if getattr(args, "overwrite", False):
+        extra["overwrite"] = True
     return load_config(args.config, args.sets, **extra)
 
 
@@ -82,6 +88,7 @@ def preflight(cfg: Config) -> None:
     from fedpers.training import resolve_device
 
     resolve_device(cfg.device)
+    check_run_dir(cfg)
     fed = get_federation(cfg)
     if cfg.ray_address:
         from fedpers.cluster import check_data_on_nodes
@@ -94,6 +101,17 @@ def preflight(cfg: Config) -> None:
           f"{cfg.rounds} rounds, results -> {cfg.out_dir}", flush=True)
 
 
+def check_run_dir(cfg: Config) -> None:
+    """The output directory and, for a resume, the checkpoint: checked before anything is written."""
+    from fedpers.app import checkpoint_to_resume
+    from fedpers.checkpoint import checkpoint_path
+    from fedpers.rundir import check_out_dir
+
+    check_out_dir(cfg.out_dir, overwrite=cfg.overwrite, resume=cfg.resume,
+                  checkpoint_file=checkpoint_path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None)
+    checkpoint_to_resume(cfg)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Run one experiment and print where its results are."""
     cfg = resolve(args)
@@ -101,8 +119,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fedpers.results import read_summary
     from fedpers.simulation import run_simulation
 
+    from fedpers.rundir import RunLock
+
     t0 = time.perf_counter()
-    run_simulation(cfg, verbose=args.verbose)
+    with RunLock(cfg.out_dir):
+        run_simulation(cfg, verbose=args.verbose)
     try:
         summary = read_summary(cfg.out_dir)
     except FileNotFoundError:
@@ -133,7 +154,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         for run in plan(sweep, args.out):
             print(run.run_dir)
         return 0
-    failed = run_sweep(sweep, args.out, tensorboard=args.tensorboard)
+    from fedpers.rundir import RunLock
+
+    with RunLock(args.out):  # a second sweep on the same directory would run the same runs twice
+        failed = run_sweep(sweep, args.out, tensorboard=args.tensorboard)
     for path in report(args.out):
         print(f"sweep | wrote {path}")
     return 1 if failed else 0
@@ -162,13 +186,15 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     from fedpers import deploy
 
     if args.deploy_command == "certs":
-        pki = deploy.make_certs(args.out, args.nodes, args.hosts or ["superlink", "localhost", "127.0.0.1"])
+        pki = deploy.make_certs(args.out, args.nodes, args.hosts or ["superlink", "localhost", "127.0.0.1"],
+                                force=args.force)
         print(f"fedpers | CA {pki.ca_cert}, SuperLink certificate {pki.server_cert}, "
               f"{len(pki.node_keys)} SuperNode keys in {pki.dir}")
         return 0
     if args.clients < 1:
         raise FedpersError("--clients must be >= 1")
-    cfg = load_config(args.config, args.sets + [f"num_clients={args.clients}"], out_dir=args.out)
+    cfg = load_config(args.config, args.sets + [f"num_clients={args.clients}"], out_dir=args.out,
+                      **({"overwrite": True} if args.overwrite else {}))
     preflight(cfg)
     t0 = time.perf_counter()
     summary = deploy.deploy_local(cfg, args.clients, args.out, isolation=args.isolation, timeout=args.timeout)
@@ -190,7 +216,26 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         print("fedpers: interrupted", file=sys.stderr)
-        return 130
+        exit_now(130)
+    return 130  # not reached
+
+
+def exit_now(code: int) -> None:
+    """End the process at once with ``code``, after stopping the Ray cluster this process started.
+
+    A plain return would make the interpreter join Flower's threads at exit (the ServerApp thread and its
+    thread pool wait for replies that never come once the engine has stopped), which hangs for minutes.
+    Every results file is written line by line with a flush, so nothing half-written is left behind."""
+    import threading
+
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        stopper = threading.Thread(target=ray.shutdown, daemon=True)
+        stopper.start()
+        stopper.join(timeout=20)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

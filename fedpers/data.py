@@ -101,6 +101,13 @@ def from_arrays(name: str, x_train, y_train, x_test, y_test, num_classes: int | 
     y_train = y_train.astype(np.int64)
     y_test = y_test.astype(np.int64)
     inferred = int(max(y_train.max(), y_test.max())) + 1
+    if num_classes is None:
+        distinct = np.union1d(y_train, y_test)
+        if inferred > 2 * len(distinct):  # most of the inferred classes would have no sample at all
+            raise DataError(
+                f"{name}: labels run up to {inferred - 1} but only {len(distinct)} distinct values occur "
+                f"(largest: {', '.join(str(int(v)) for v in distinct[-3:])}): a stray label? To train "
+                f"{inferred} classes, name them with class_names in the data file")
     num_classes = inferred if num_classes is None else int(num_classes)
     for split, y in (("y_train", y_train), ("y_test", y_test)):
         if y.min() < 0 or y.max() >= num_classes:

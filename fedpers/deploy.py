@@ -32,6 +32,7 @@ import re
 import signal
 import socket
 import subprocess
+import tempfile
 import sys
 import time
 from dataclasses import dataclass, field
@@ -147,10 +148,18 @@ def make_pki(directory: str | os.PathLike, num_nodes: int,
 
 
 def _write_private(path: Path, data: bytes) -> None:
+    """Write a private key readable by its owner only: a fresh 0600 file moved over ``path``, so an existing
+    file's wider mode never applies to the new key, not even for an instant."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # mkstemp creates it 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 # --------------------------------------------------------------------------------------------------
@@ -522,6 +531,12 @@ def _raise_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def make_certs(out: str | os.PathLike, nodes: int, hosts: Iterable[str]) -> Pki:
-    """``fedpers deploy certs``: CA, SuperLink certificate for ``hosts``, SuperNode key pairs."""
+def make_certs(out: str | os.PathLike, nodes: int, hosts: Iterable[str], *, force: bool = False) -> Pki:
+    """``fedpers deploy certs``: CA, SuperLink certificate for ``hosts``, SuperNode key pairs. A directory
+    that already holds a CA is refused unless ``force``: replacing a CA invalidates every certificate and
+    node registration made with it."""
+    existing = [p.name for p in (Path(out) / "ca.crt", Path(out) / "ca.key") if p.exists()]
+    if existing and not force:
+        raise FedpersError(f"{out} already holds a CA ({', '.join(existing)}): pass --force to replace it "
+                           "(certificates and registered node keys made with it stop working)")
     return make_pki(out, nodes, hosts=tuple(hosts))

@@ -157,8 +157,13 @@ def _read_partition_arrays(path):
             data = {k: f[k] for k in f.files}
     except Exception as exc:
         raise DataError(f"{p}: not a readable partition .npz ({type(exc).__name__})") from None
-    train = {int(k[6:]): v for k, v in data.items() if k.startswith("train_") and k[6:].isdigit()}
-    test = {int(k[5:]): v for k, v in data.items() if k.startswith("test_") and k[5:].isdigit()}
+    for key in data:
+        prefix, _, number = key.partition("_")
+        if prefix in ("train", "test") and not (number.isdigit() and str(int(number)) == number):
+            raise DataError(f"{p}: key '{key}' is not a client key: clients are train_<c> / test_<c> with "
+                            f"c = 0, 1, 2, ... written without leading zeros")
+    train = {int(k[6:]): v for k, v in data.items() if k.startswith("train_")}
+    test = {int(k[5:]): v for k, v in data.items() if k.startswith("test_")}
     if not train:
         raise DataError(f"{p}: no train_<c> arrays")
     if sorted(train) != list(range(len(train))) or sorted(test) != sorted(train):
@@ -199,10 +204,37 @@ def load_partition(path, *, num_train: int, num_test: int) -> Partition:
     for c in range(len(tr)):
         if len(tr[c]) == 0 or len(te[c]) == 0:
             raise DataError(f"{p}: client {c} has an empty train or test split")
+        for name, arr in ((f"train_{c}", tr[c]), (f"test_{c}", te[c])):
+            if np.unique(arr).size != arr.size:
+                raise DataError(f"{p}: {name} repeats index {_first_repeat(arr)}")
         if space == "joined" and np.intersect1d(tr[c], te[c]).size:
             raise DataError(f"{p}: client {c}'s train and test splits overlap")
+    if space == "joined":  # one index space: no sample may belong to two clients, in any split
+        _refuse_shared_samples(p, [(f"train_{c}", a) for c, a in enumerate(tr)] +
+                               [(f"test_{c}", a) for c, a in enumerate(te)])
+    else:
+        _refuse_shared_samples(p, [(f"train_{c}", a) for c, a in enumerate(tr)])
+        _refuse_shared_samples(p, [(f"test_{c}", a) for c, a in enumerate(te)])
     client_train = np.concatenate(tr)
     client_all = client_train if space == "split" else np.concatenate([client_train, *te])
     if aux.size and np.intersect1d(aux, client_all).size:
         raise DataError(f"{p}: aux overlaps client data")
     return Partition(tr, te, aux, space)
+
+
+def _first_repeat(arr: np.ndarray) -> int:
+    values, counts = np.unique(arr, return_counts=True)
+    return int(values[counts > 1][0])
+
+
+def _refuse_shared_samples(path, named: list[tuple[str, np.ndarray]]) -> None:
+    """One line naming a sample index that two of the ``named`` index arrays hold, if there is one (a client
+    training on another client's test sample would inflate its accuracy unnoticed)."""
+    owner = np.concatenate([np.full(len(a), i) for i, (_, a) in enumerate(named)])
+    indices = np.concatenate([a for _, a in named])
+    order = np.argsort(indices, kind="stable")
+    same = np.flatnonzero(indices[order][1:] == indices[order][:-1])
+    if same.size:
+        first, second = owner[order][same[0]], owner[order][same[0] + 1]
+        raise DataError(f"{path}: sample {int(indices[order][same[0]])} is in both {named[first][0]} and "
+                        f"{named[second][0]}: a sample may belong to one client only")

@@ -54,13 +54,15 @@ def write_app_dir(cfg: Config, directory: Path) -> Path:
 
 def run_simulation(cfg: Config, verbose: bool = False) -> None:
     """Run ``cfg`` with ``num_clients`` simulated SuperNodes; results land in ``cfg.out_dir``.
-    With ``client_state_spill`` and no ``client_state_dir``, client state lives in a fresh
-    ``<out_dir>/client_state`` that is removed when the run ends."""
+    With ``client_state_spill`` and no ``client_state_dir``, client state lives in a new directory
+    ``<out_dir>/client_state-XXXXXXXX`` made for this run (never one that existed before), removed when
+    the run ends."""
     spill_dir = None
     if cfg.client_state_spill and not cfg.client_state_dir:
-        # a fresh directory of this run's own: state left by an earlier run in out_dir is never loaded
-        spill_dir = Path(cfg.out_dir) / "client_state"
-        shutil.rmtree(spill_dir, ignore_errors=True)
+        # a directory of this run's own, created here: no earlier state is loaded and nothing the user
+        # had is removed
+        Path(cfg.out_dir).mkdir(parents=True, exist_ok=True)
+        spill_dir = Path(tempfile.mkdtemp(prefix="client_state-", dir=cfg.out_dir))
         cfg = cfg.replace(client_state_dir=str(spill_dir))
     try:
         _run_in_engine(cfg, verbose)

@@ -1,0 +1,251 @@
+"""Issue 16: a result once written is never lost, an interrupt ends the run, every bad input gets one line.
+
+Each behaviour of the CLI is checked through the real ``fedpers`` CLI in a subprocess: the exit code, the
+one ``fedpers: error:`` line, and that the files a user already had are byte for byte as they were.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedpers.rundir import RunLock
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["dataset=digits", "num_clients=3", "fraction_fit=1.0", "local_epochs=1", "batch_size=32", "lr=0.05",
+        "aux_size=100", "alpha=1.0", "feature_dim=64", "device=cpu", "method=fedper"]
+
+
+def fedpers(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
+    return subprocess.run([sys.executable, "-m", "fedpers.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=env)
+
+
+def sets(*items: str) -> list[str]:
+    return [a for item in (*TINY, *items) for a in ("--set", item)]
+
+
+def one_error_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
+    """The run was refused with exit 2 and exactly one ``fedpers: error:`` line naming ``needles``."""
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("fedpers: error: "), proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """One real 2-round run with a checkpoint, shared by the tests that must not change it."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    proc = fedpers("run", *sets("rounds=2", f"checkpoint_dir={out / 'ckpt'}"), "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (out / "summary.json").is_file()
+    return out
+
+
+# --- 1. Ctrl-C ends the run within seconds, exit 130, whole lines, nothing left behind -------------------
+def _session_processes(sid: int) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid=,sid=,args="], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if line.split(None, 2)[1:2] == [str(sid)]]
+
+
+@pytest.mark.simulation
+def test_sigint_after_the_first_round_ends_the_run(tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "fedpers.cli", "run", *sets("rounds=200"), "--out", str(out)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # its own session: every process it starts is findable
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not (out / "metrics.jsonl").is_file() or \
+                not (out / "metrics.jsonl").read_text().strip():
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its first round"
+            time.sleep(0.2)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, stderr
+    assert took < 30, f"exit took {took:.1f} s after SIGINT"
+    assert "interrupted" in stderr and "Traceback" not in stderr
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert lines and all(json.loads(line)["round"] >= 1 for line in lines)  # every line whole JSON
+    time.sleep(3)  # Ray's processes get a moment to go
+    assert _session_processes(proc.pid) == []
+
+
+# --- 2. never overwrite or delete what a user has ---------------------------------------------------------
+def test_out_holding_a_run_is_refused_and_left_as_it_was(finished_run):
+    before = snapshot(finished_run)
+    one_error_line(fedpers("run", *sets("rounds=2"), "--out", str(finished_run)), "already holds a run",
+                   "--overwrite")
+    assert snapshot(finished_run) == before
+
+
+@pytest.mark.simulation
+def test_overwrite_replaces_a_run(finished_run, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    (out / "summary.json").write_text("{}")
+    proc = fedpers("run", *sets("rounds=1"), "--out", str(out), "--overwrite")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((out / "summary.json").read_text())["rounds"] == 1
+
+
+@pytest.mark.parametrize("change", ["changed_key", "corrupt", "missing"])
+def test_refused_resume_leaves_metrics_and_summary_as_they_were(finished_run, tmp_path, change):
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    ckpt = out / "ckpt" / "server_checkpoint.npz"
+    extra = []
+    if change == "changed_key":
+        extra, needle = ["lr=0.1"], "different experiment (changed keys: lr)"
+    elif change == "corrupt":
+        ckpt.write_bytes(ckpt.read_bytes()[:100])
+        needle = "not a readable fedpers checkpoint"
+    else:
+        ckpt.unlink()
+        needle = "no checkpoint to resume it from"
+    before = snapshot(out)
+    proc = fedpers("run", *sets("rounds=3", f"checkpoint_dir={out / 'ckpt'}", "resume=true", *extra), "--out", str(out))
+    one_error_line(proc, needle)
+    assert snapshot(out) == before
+
+
+def test_second_run_on_the_same_out_is_refused_while_the_first_holds_it(tmp_path):
+    out = tmp_path / "busy"
+    with RunLock(out):
+        one_error_line(fedpers("run", *sets("rounds=1"), "--out", str(out)), "in use by another fedpers run",
+                       str(os.getpid()))
+    assert not (out / "metrics.jsonl").exists()
+
+
+def test_sweep_on_a_directory_in_use_is_refused(tmp_path):
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("base: {rounds: 1, dataset: digits, num_clients: 3, aux_size: 100}\n"
+                     "datasets: [digits]\nalphas: [1.0]\nseeds: [0]\nmethods: [fedper]\n")
+    with RunLock(tmp_path / "sweep"):
+        one_error_line(fedpers("sweep", str(sweep), "--out", str(tmp_path / "sweep")), "in use")
+
+
+def test_certs_refuse_an_existing_ca_and_keys_are_always_0600(tmp_path):
+    d = tmp_path / "pki"
+    assert fedpers("deploy", "certs", "--out", str(d), "--nodes", "1").returncode == 0
+    ca = (d / "ca.crt").read_bytes()
+    one_error_line(fedpers("deploy", "certs", "--out", str(d), "--nodes", "1"), "already holds a CA", "--force")
+    assert (d / "ca.crt").read_bytes() == ca
+    for key in ("ca.key", "server.key", "supernode-0.key"):
+        os.chmod(d / key, 0o644)  # a wider mode left on an existing file must not survive a rewrite
+    assert fedpers("deploy", "certs", "--out", str(d), "--nodes", "1", "--force").returncode == 0
+    assert (d / "ca.crt").read_bytes() != ca
+    for key in ("ca.key", "server.key", "supernode-0.key"):
+        assert (d / key).stat().st_mode & 0o777 == 0o600, key
+
+
+# --- 3. one line before the engine starts ---------------------------------------------------------------
+def test_out_that_is_a_file_or_cannot_be_created(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    one_error_line(fedpers("run", *sets("rounds=1"), "--out", str(f)), "is a file")
+    one_error_line(fedpers("run", *sets("rounds=1"), "--out", str(f / "sub")), "cannot be written")
+
+
+def test_negative_seed_binary_config_and_duplicate_yaml_keys(tmp_path):
+    one_error_line(fedpers("config", "--set", "seed=-1"), "seed")
+    binary = tmp_path / "cfg.yaml"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe")
+    one_error_line(fedpers("config", str(binary)), "not a text file")
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("alpha: 0.5\nrounds: 3\nalpha: 0.05\n")
+    one_error_line(fedpers("config", str(dup)), "alpha", "twice", "line 3")
+
+
+def test_sweep_with_a_non_numeric_alpha_and_a_corrupt_sweep_json(tmp_path):
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("base: {rounds: 1}\ndatasets: [digits]\nalphas: [0.5, abc]\nseeds: [0]\nmethods: [fedper]\n")
+    one_error_line(fedpers("sweep", str(sweep), "--out", str(tmp_path / "o"), "--dry-run"), "alphas", "'abc'")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "sweep.json").write_text('{"sweep": {"methods": [')
+    one_error_line(fedpers("report", str(tmp_path / "bad")), "sweep.json", "not a sweep.json")
+
+
+# --- 4. partition files that would make results wrong ------------------------------------------------------
+def _joined_digits_partition(path: Path, **changes) -> Path:
+    """A valid 3-client joined-index partition of digits (1,797 samples), then ``changes`` applied."""
+    rng = np.random.default_rng(0)
+    order = rng.permutation(1797)
+    arrays = {"index_space": np.array("joined"), "num_samples": np.array(1797), "aux": order[:100]}
+    for c, chunk in enumerate(np.array_split(order[100:], 3)):
+        arrays[f"train_{c}"], arrays[f"test_{c}"] = chunk[: len(chunk) * 3 // 4], chunk[len(chunk) * 3 // 4:]
+    arrays.update(changes)
+    np.savez(path, **arrays)
+    return path
+
+
+@pytest.mark.parametrize("case", ["repeat_in_client", "two_clients", "test_is_training", "lookalike_key"])
+def test_partition_files_that_would_make_results_wrong_are_refused(tmp_path, case):
+    good = np.load(_joined_digits_partition(tmp_path / "good.npz"))
+    t0, t1, e1 = good["train_0"], good["train_1"], good["test_1"]
+    changes, needles = {
+        "repeat_in_client": ({"train_0": np.concatenate([t0, t0[:1]])}, ["train_0 repeats index"]),
+        "two_clients": ({"train_1": np.concatenate([t1, t0[:1]])}, ["in both train_0 and train_1"]),
+        "test_is_training": ({"train_0": np.concatenate([t0, e1[:1]])}, ["in both train_0 and test_1"]),
+        "lookalike_key": ({"train_01": t0[:5]}, ["key 'train_01'", "leading zeros"]),
+    }[case]
+    bad = _joined_digits_partition(tmp_path / "bad.npz", **changes)
+    one_error_line(fedpers("run", *sets("rounds=1", "partition=file", f"partition_file={bad}"),
+                           "--out", str(tmp_path / "o")), *needles)
+    assert not (tmp_path / "o" / "metrics.jsonl").exists()
+
+
+# --- 5. labels ------------------------------------------------------------------------------------------------
+def test_a_stray_label_is_refused_unless_the_file_names_its_classes(tmp_path):
+    rng = np.random.default_rng(0)
+    x_train, x_test = rng.integers(0, 255, (200, 8, 8), dtype=np.uint8), rng.integers(0, 255, (50, 8, 8), dtype=np.uint8)
+    y_train, y_test = np.arange(200) % 10, np.arange(50) % 10
+    y_train[7] = 255
+    stray = tmp_path / "stray.npz"
+    np.savez(stray, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
+    one_error_line(fedpers("run", *sets("rounds=1", f"dataset={stray}", "num_clients=2", "aux_size=0"),
+                           "--out", str(tmp_path / "o")), "labels run up to 255", "11 distinct", "class_names")
+    named = tmp_path / "named.npz"
+    np.savez(named, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test,
+             class_names=np.array([str(i) for i in range(256)]))
+    from fedpers.data import load_npz
+
+    assert load_npz(named).num_classes == 256
+
+
+# --- 6. sweeps pass values verbatim ----------------------------------------------------------------------------
+@pytest.mark.simulation
+def test_sweep_passes_a_path_with_a_hash_unchanged(tmp_path):
+    out = tmp_path / "study #1: a=b"
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("base: {rounds: 1, num_clients: 3, fraction_fit: 1.0, local_epochs: 1, aux_size: 100, "
+                     "feature_dim: 64, device: cpu}\ndatasets: [digits]\nalphas: [1.0]\nseeds: [0]\nmethods: [fedper]\n")
+    proc = fedpers("sweep", str(sweep), "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summaries = list(out.rglob("summary.json"))
+    assert len(summaries) == 1 and summaries[0].is_relative_to(out / "runs")
+    assert json.loads(summaries[0].read_text())["config"]["out_dir"] == str(summaries[0].parent)
