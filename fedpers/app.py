@@ -23,6 +23,7 @@ from fedpers.federation import get_federation
 from fedpers.partition import save_partition
 from fedpers.registry import client_class_for, strategy_class_for
 from fedpers.results import ResultsWriter
+from fedpers.run_figures import label_distribution_png
 from fedpers.rundir import check_out_dir
 
 
@@ -46,6 +47,7 @@ def server_fn(context: Context) -> ServerAppComponents:
     writer = ResultsWriter(cfg.out_dir, tensorboard=cfg.tensorboard)
     save_partition(writer.out_dir / "partition.npz", federation.partition, dataset=Path(cfg.dataset).name,
                    num_train=len(federation.dataset.y_train), num_test=len(federation.dataset.y_test))
+    label_distribution_png(federation.client_label_counts(), writer.out_dir / "partition.png")
     strategy = strategy_class_for(cfg)(cfg, federation, writer)  # method (+ JDFL wrapper)
     config = ServerConfig(num_rounds=cfg.rounds, round_timeout=cfg.round_timeout or None)
     if state is not None:

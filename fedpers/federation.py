@@ -103,6 +103,19 @@ class Federation:
         idx = torch.as_tensor(np.sort(np.concatenate(self.partition.test)), device=device)
         return Split(xte[idx], yte[idx])
 
+    def client_label_counts(self) -> dict[str, dict[str, list[int]]]:
+        """Each client's number of samples per class, in its train and its test split (the picture of the
+        split, as counts)."""
+        d = self.dataset
+        if self.partition.index_space == "split":
+            y_train, y_test = d.y_train, d.y_test
+        else:
+            y_train = y_test = np.concatenate([d.y_train, d.y_test])
+        c = self.num_classes
+        return {str(k): {"train": np.bincount(y_train[tr], minlength=c).tolist(),
+                         "test": np.bincount(y_test[te], minlength=c).tolist()}
+                for k, (tr, te) in enumerate(zip(self.partition.train, self.partition.test))}
+
     def test_positions(self) -> list[np.ndarray]:
         """Positions of each client's test samples within :meth:`test` (same order as the client's split)."""
         if self.partition.index_space == "split":

@@ -11,6 +11,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+# The accuracies people compare, each per round in metrics.jsonl and summarised in summary.json:
+# global_acc (the shared model on the union of the test splits), personalized_macro_acc (each client's own
+# model on its own test split, equal weight per client: the pFedKDH paper's) and personalized_weighted_acc
+# (the same, weighted by test samples: PFLlib's and FL-bench's), plus method variants (..._fair, ...).
+ACCURACY_PREFIXES = ("global_acc", "personalized_macro_acc", "personalized_weighted_acc")
+LAST_ROUNDS = 5
+
 ROUND_FIELDS = ("round", "global_acc", "personalized_macro_acc", "per_client_acc", "train_loss",
                 "bytes_up", "bytes_down", "round_seconds")
 
@@ -26,6 +33,23 @@ def _clean(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def accuracy_summary(history: list[dict[str, Any]], last: int = LAST_ROUNDS) -> dict[str, Any]:
+    """For every accuracy of the round records (:data:`ACCURACY_PREFIXES`): the best value over the evaluated
+    rounds and its round (the earliest on ties), and the mean of the last ``last`` evaluated rounds."""
+    keys = sorted({k for r in history for k in r if k.startswith(ACCURACY_PREFIXES)})
+    best, best_round, tail = {}, {}, {}
+    for key in keys:
+        points = [(r["round"], float(r[key])) for r in history
+                  if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)
+                  and math.isfinite(r[key])]
+        if not points:
+            continue
+        rnd, value = max(points, key=lambda p: (p[1], -p[0]))
+        best[key], best_round[key] = value, rnd
+        tail[key] = sum(v for _, v in points[-last:]) / len(points[-last:])
+    return {"best": best, "best_round": best_round, f"mean_last_{last}_evaluated": tail}
 
 
 class ResultsWriter:
@@ -61,11 +85,16 @@ class ResultsWriter:
                     self.tensorboard.add_scalar(key, value, global_step=record["round"])
             self.tensorboard.flush()
 
-    def write_summary(self, summary: dict[str, Any]) -> None:
-        """Write ``summary.json`` atomically."""
+    def write_summary(self, summary: dict[str, Any], history: list[dict[str, Any]] | None = None) -> None:
+        """Write ``summary.json`` atomically, and with ``history`` the accuracy curves ``curves.png``."""
         tmp = self.summary_path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(_clean(summary), indent=2) + "\n")
         os.replace(tmp, self.summary_path)
+        if history:
+            from fedpers.run_figures import curves_png
+
+            curves_png(history, self.out_dir / "curves.png",
+                       title=f"{summary.get('method', '')} on {Path(str(summary.get('dataset', ''))).name}")
 
 
 def read_metrics(out_dir: str | os.PathLike) -> list[dict[str, Any]]:

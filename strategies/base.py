@@ -43,7 +43,7 @@ from fedpers.federation import Federation
 from fedpers.models import Part, array_shapes, build_model, get_arrays, set_arrays
 from fedpers.progress import format_round_line
 from fedpers.registry import get_method, model_kind_of
-from fedpers.results import ResultsWriter
+from fedpers.results import ACCURACY_PREFIXES, ResultsWriter, accuracy_summary
 from fedpers.training import accuracy_and_loss, predict_logits, resolve_device
 from fedpers.validation import aggregate_updates, update_problem
 
@@ -221,6 +221,7 @@ class FedPersStrategy(FedAvg):
         self._round["global_acc"] = acc
         if self.personalized_is_global:
             self._round["per_client_from_global"] = self.per_client_accuracy(logits.argmax(dim=1) == test.y)
+            self._round["eval_counts"] = {pid: len(pos) for pid, pos in enumerate(self.federation.test_positions())}
         return loss, {"global_acc": acc}
 
     def per_client_accuracy(self, correct) -> dict[int, float]:
@@ -256,6 +257,7 @@ class FedPersStrategy(FedAvg):
             m = res.metrics
             pid = int(m["partition_id"])
             per_client[pid] = float(m["acc"])
+            self._round.setdefault("eval_counts", {})[pid] = int(res.num_examples)
             losses.append((float(res.loss), res.num_examples))
             for key, value in m.items():
                 if key.startswith(PERSONAL_ACC_PREFIX):
@@ -326,6 +328,7 @@ class FedPersStrategy(FedAvg):
             "round": server_round,
             "global_acc": r.get("global_acc"),
             "personalized_macro_acc": _mean(per_client.values()) if per_client else None,
+            "personalized_weighted_acc": weighted_mean(per_client, r.get("eval_counts", {})) if per_client else None,
             "per_client_acc": {str(k): v for k, v in sorted(per_client.items())} if per_client else None,
             "evaluated_clients": len(per_client) if per_client else 0,
             "train_loss": sum(l * c for l, c in losses) / n if n else None,
@@ -353,13 +356,15 @@ class FedPersStrategy(FedAvg):
 
     def _write_summary(self) -> None:
         last = self.history[-1]
-        final = {k: v for k, v in last.items() if k.startswith(("global_acc", "personalized_macro_acc"))}
+        final = {k: v for k, v in last.items() if k.startswith(ACCURACY_PREFIXES)}
         summary = {
             "method": self.cfg.method,
             "dataset": self.cfg.dataset,
             "rounds": self.cfg.rounds,
             "metric": self.spec.metric,
             "final": final,
+            **accuracy_summary(self.history),  # best (and its round) and mean of the last evaluated rounds
+            "client_label_counts": self.federation.client_label_counts(),
             "wall_seconds": time.perf_counter() - self.started,
             "mean_round_seconds": _mean(h["round_seconds"] for h in self.history),
             "bytes_up": self.totals["bytes_up"],
@@ -371,8 +376,17 @@ class FedPersStrategy(FedAvg):
             **self.summary_extras(),
         }
         if self.writer is not None:
-            self.writer.write_summary(summary)
+            self.writer.write_summary(summary, self.history)
         log(INFO, "fedpers: %s final %s = %s", self.cfg.method, self.spec.metric, final.get(self.spec.metric))
+
+
+def weighted_mean(per_client: dict[int, float], counts: dict[int, int]) -> float | None:
+    """Sample-weighted personalized accuracy (PFLlib's and FL-bench's): the sum over clients of correct
+    test predictions over the sum of test samples, i.e. ``sum_k n_k acc_k / sum_k n_k``."""
+    pairs = [(acc, counts[pid]) for pid, acc in per_client.items()
+             if acc is not None and math.isfinite(acc) and counts.get(pid)]
+    total = sum(n for _, n in pairs)
+    return float(sum(a * n for a, n in pairs) / total) if total else None
 
 
 def _mean(values) -> float | None:

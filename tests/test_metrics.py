@@ -1,0 +1,57 @@
+"""The accuracies people compare, on a hand-made 3-client example: personalized macro (equal weight per
+client), personalized sample-weighted, and the best / last-5 summaries of a run's history."""
+
+import pytest
+
+from fedpers.results import accuracy_summary
+from strategies.base import _mean, weighted_mean
+
+
+def test_macro_and_weighted_personalized_accuracy_of_three_clients():
+    # client 0: 9 of 10 right, client 1: 1 of 2, client 2: 30 of 40
+    per_client = {0: 0.9, 1: 0.5, 2: 0.75}
+    counts = {0: 10, 1: 2, 2: 40}
+    assert _mean(per_client.values()) == pytest.approx((0.9 + 0.5 + 0.75) / 3)  # 0.7166..., the paper's
+    assert weighted_mean(per_client, counts) == pytest.approx((9 + 1 + 30) / 52)  # 0.7692..., PFLlib's
+    assert weighted_mean(per_client, {0: 10, 1: 2}) == pytest.approx(10 / 12)  # a client without a count
+    assert weighted_mean({}, counts) is None
+
+
+def test_best_value_its_round_and_mean_of_the_last_five_evaluated_rounds():
+    history = [{"round": r, "global_acc": g, "personalized_macro_acc": p}
+               for r, g, p in [(1, 0.5, None), (2, 0.7, 0.6), (3, 0.9, 0.8), (4, 0.6, 0.8), (5, 0.8, 0.7),
+                               (6, 0.9, None), (7, 0.4, 0.5)]]
+    s = accuracy_summary(history)
+    assert s["best"] == {"global_acc": 0.9, "personalized_macro_acc": 0.8}
+    assert s["best_round"] == {"global_acc": 3, "personalized_macro_acc": 3}  # the earliest on ties
+    assert s["mean_last_5_evaluated"]["global_acc"] == pytest.approx((0.9 + 0.6 + 0.8 + 0.9 + 0.4) / 5)
+    # personalized accuracy was evaluated in rounds 2, 3, 4, 5, 7 only: those five
+    assert s["mean_last_5_evaluated"]["personalized_macro_acc"] == pytest.approx((0.6 + 0.8 + 0.8 + 0.7 + 0.5) / 5)
+
+
+def test_label_distribution_picture_has_one_row_per_client(tmp_path):
+    """partition.png: a clients x classes count matrix (read back from the image's pixel rows is fragile,
+    so the drawn matrix is checked through matplotlib's own image object)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fedpers.run_figures import label_distribution_png
+
+    counts = {"0": {"train": [5, 0, 1]}, "1": {"train": [0, 7, 0]}, "2": {"train": [2, 2, 2]},
+              "3": {"train": [0, 0, 9]}}
+    captured = {}
+    original = plt.Axes.imshow
+
+    def spy(self, data, *args, **kwargs):
+        captured["matrix"] = data
+        return original(self, data, *args, **kwargs)
+
+    plt.Axes.imshow = spy
+    try:
+        path = label_distribution_png(counts, tmp_path / "partition.png")
+    finally:
+        plt.Axes.imshow = original
+    assert path.is_file() and path.stat().st_size > 1000
+    assert captured["matrix"].tolist() == [[5, 0, 1], [0, 7, 0], [2, 2, 2], [0, 0, 9]]  # one row per client
