@@ -95,6 +95,46 @@ def test_sigint_after_the_first_round_ends_the_run(tmp_path):
     assert _session_processes(proc.pid) == []
 
 
+@pytest.mark.simulation
+def test_sigint_ends_a_sweep_and_its_run_and_the_sweep_resumes_inside_the_run(tmp_path):
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("base: {rounds: 200, num_clients: 3, fraction_fit: 1.0, local_epochs: 1, aux_size: 100, "
+                     "feature_dim: 64, device: cpu}\ndatasets: [digits]\nalphas: [1.0]\nseeds: [0]\nmethods: [fedper]\n")
+    out = tmp_path / "sweep"
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "fedpers.cli", "sweep", str(sweep), "--out", str(out)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not list(out.rglob("metrics.jsonl")) or not list(out.rglob("metrics.jsonl"))[0].read_text().strip():
+            assert proc.poll() is None and time.monotonic() < deadline, "the sweep ended before a round"
+            time.sleep(0.2)
+        time.sleep(1.0)  # a round or more, so that the checkpoint exists
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=90)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130 and took < 45, (proc.returncode, took, stderr)
+    time.sleep(3)
+    assert _session_processes(proc.pid) == []
+    run_dir = list(out.rglob("metrics.jsonl"))[0].parent
+    done = [json.loads(line)["round"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert done and (run_dir / "checkpoint" / "server_checkpoint.npz").is_file() and not (run_dir / "summary.json").exists()
+    # the same command, now with fewer rounds to finish: it continues after the checkpointed round
+    from fedpers.checkpoint import load_checkpoint
+
+    last = int(load_checkpoint(run_dir / "checkpoint")["round"])
+    sweep.write_text(sweep.read_text().replace("rounds: 200", f"rounds: {last + 1}"))
+    proc = fedpers("sweep", str(sweep), "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rounds = [json.loads(line)["round"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rounds == list(range(1, last + 2))  # the finished rounds kept, one more run, none twice
+
+
 # --- 2. never overwrite or delete what a user has ---------------------------------------------------------
 def test_out_holding_a_run_is_refused_and_left_as_it_was(finished_run):
     before = snapshot(finished_run)
