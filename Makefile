@@ -20,7 +20,9 @@ $(STAMP): pyproject.toml requirements.lock
 	@touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/fedpers run configs/quickstart.yaml
+	$(BIN)/fedpers sweep configs/sweeps/quickstart_compare.yaml --out results/quickstart
+	@cat results/quickstart/table.md
+	@echo "curves: results/quickstart/curves_digits_a0.1.png; each run's own files: results/quickstart/runs/"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

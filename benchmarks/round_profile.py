@@ -110,7 +110,8 @@ def replay_round(cfg, server_round: int = 2) -> dict[str, float]:
         t = time.perf_counter()
         client.evaluate(broadcast, {"server_round": server_round})
         eval_s += time.perf_counter() - t
-    timings[f"client evaluate (sum over {len(evaluated)} clients, 1 thread)"] = eval_s
+    timings["clients asked to evaluate"] = len(evaluated)
+    timings["client evaluate (sum over the clients asked, 1 thread)"] = eval_s
     timings["client construction (sum)"] = build_s
     timings["serialization of the uploads (sum)"] = ser_s
     client_work = fit_s + eval_s + build_s
@@ -145,6 +146,30 @@ def main() -> None:
               f"{later - parts['model: client work / 2 actors + server work']:7.2f} s")
     path.parent.mkdir(exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
+    path.with_suffix(".md").write_text(markdown(report))
+
+
+def markdown(report: dict) -> str:
+    """The profile as tables: one per setting, one column per measurement tag (e.g. before / after)."""
+    lines = ["# Where a round's seconds go (benchmarks/round_profile.py)", "",
+             "Seconds of round 2 replayed in one process with the method's own classes (client parts with 1 thread,",
+             "summed over clients; server parts with 2 threads), and the simulated seconds per round (rounds 2+,",
+             "2 Ray actors) of the same settings. 'engine, messages, waiting' = simulated minus modelled.", ""]
+    for name, tags in report.items():
+        order = sorted(tags, key=lambda t: (t != "before", t))
+        parts = list(next(iter(tags.values()))["replayed_round_2"])
+        lines += [f"## {name}", "", f"`{next(iter(tags.values()))['command']}`", "",
+                  "| part | " + " | ".join(order) + " |", "|---|" + "---|" * len(order)]
+        for part in parts:
+            lines.append(f"| {part} | " + " | ".join(
+                f"{tags[t]['replayed_round_2'].get(part, float('nan')):.2f}" for t in order) + " |")
+        lines.append("| **simulated s/round, rounds 2+** | " + " | ".join(
+            f"**{tags[t]['mean_seconds_rounds_2_plus']:.2f}**" for t in order) + " |")
+        lines.append("| engine, messages, waiting | " + " | ".join(
+            f"{tags[t]['mean_seconds_rounds_2_plus'] - tags[t]['replayed_round_2']['model: client work / 2 actors + server work']:.2f}"
+            for t in order) + " |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

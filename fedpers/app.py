@@ -8,7 +8,7 @@ fedpers schema; the method's Strategy and NumPyClient come from the registry.
 from __future__ import annotations
 
 import functools
-from logging import INFO, WARNING
+from logging import INFO
 from pathlib import Path
 
 import torch
@@ -52,6 +52,10 @@ def server_fn(context: Context) -> ServerAppComponents:
     config = ServerConfig(num_rounds=cfg.rounds, round_timeout=cfg.round_timeout or None)
     if state is not None:
         return _resume(cfg, strategy, config, state)
+    if cfg.resume:  # INFO: every sweep run starts this way (resumable by default)
+        from flwr.common.logger import log
+
+        log(INFO, "fedpers: resume=true but no checkpoint in %s yet: starting at round 1", cfg.checkpoint_dir)
     return ServerAppComponents(strategy=strategy, config=config)
 
 
@@ -59,14 +63,11 @@ def checkpoint_to_resume(cfg: Config) -> dict | None:
     """The checkpoint a ``resume=true`` run continues from, loaded and checked against ``cfg`` (None: a
     fresh run, also when resume=true finds no checkpoint yet); a corrupt checkpoint or one of another
     experiment is a FedpersError."""
-    from flwr.common.logger import log
-
     if not cfg.resume:
         return None
     if not cfg.checkpoint_dir:
         raise FedpersError("config key 'resume': resume=true needs checkpoint_dir")
     if not checkpoint_path(cfg.checkpoint_dir).is_file():
-        log(WARNING, "fedpers: resume=true but no checkpoint in %s yet: starting at round 1", cfg.checkpoint_dir)
         return None
     return load_checkpoint(cfg.checkpoint_dir, cfg.to_dict())
 
