@@ -4,7 +4,8 @@ For one FL run (MNIST, 20 clients, 50% participation, a few rounds) and each met
 
 (a) **bare**: one process, no Flower, no Ray: the same client sampling, the same local training (same
     seeds, losses and optimizer), the same aggregation, teacher recalibration and evaluation of every
-    client, written as a plain loop over clients with the fedpers math functions;
+    client (FedAvg: read off one global evaluation, as fedpers does), written as a plain loop over
+    clients with the fedpers math functions;
 (b) **fedpers**: ``run_simulation`` in Flower's Ray simulation engine (2 client actors of 1 CPU each).
 
 It prints and saves the ratio b/a of the whole wall time (with engine start-up) and of the rounds after
@@ -36,7 +37,7 @@ from fedpers.losses import pfedkdh_objective
 from fedpers.models import backbone_parameters, build_model, get_arrays, set_arrays
 from fedpers.results import read_metrics
 from fedpers.simulation import run_simulation
-from fedpers.training import evaluate, frozen_copy, recalibrate_head, seed_everything, sgd, train_epochs
+from fedpers.training import evaluate, frozen_copy, predict_logits, recalibrate_head, seed_everything, sgd, train_epochs
 from fedpers.validation import weighted_average
 from strategies.pfedkdh import SERVER_STREAM
 
@@ -100,15 +101,19 @@ def bare_run(cfg) -> dict:
             recalibrate_head(server, aux.x, aux.y, epochs=cfg.recal_epochs, lr=cfg.recal_lr,
                              batch_size=cfg.batch_size, generator=seed_everything(cfg.seed, SERVER_STREAM, rnd + 1))
         test = fed.test(device)
-        global_acc, _ = evaluate(server, test.x, test.y)
-        per_client = []
-        for pid in range(k):  # every client evaluates its personalized model
-            model = fresh()
-            set_arrays(model, get_arrays(server, "all"), "all")
-            if pfedkdh:
+        logits = predict_logits(server, test.x)
+        global_acc = (logits.argmax(dim=1) == test.y).float().mean().item()
+        if pfedkdh:
+            per_client = []
+            for pid in range(k):  # every client evaluates its personalized model
+                model = fresh()
+                set_arrays(model, get_arrays(server, "all"), "all")
                 set_arrays(model, heads.get(pid, initial_head), "head")
-            data = fed.client(pid, device).test
-            per_client.append(evaluate(model, data.x, data.y)[0])
+                data = fed.client(pid, device).test
+                per_client.append(evaluate(model, data.x, data.y)[0])
+        else:  # FedAvg: every client's model is the global one, as fedpers reads it off one evaluation
+            correct = (logits.argmax(dim=1) == test.y).numpy()
+            per_client = [float(correct[pos].mean()) for pos in fed.test_positions()]
         round_seconds.append(time.perf_counter() - start)
         final = {"global_acc": global_acc, "personalized_macro_acc": float(np.mean(per_client))}
     return {"wall_seconds": time.perf_counter() - t0, "round_seconds": round_seconds, "final": final}
