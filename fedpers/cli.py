@@ -46,6 +46,9 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--datasets", nargs="+", help="replace the sweep's dataset list")
     rep = sub.add_parser("report", help="paper-style table.md/table.csv and PNG figures of a sweep")
     rep.add_argument("dir", help="a `fedpers sweep` output directory")
+    rep.add_argument("--value", choices=("final", "best", "last5"), default="final",
+                     help="final round (default), best evaluated round, or mean of the last 5 evaluated rounds")
+    rep.add_argument("--metric", help="one accuracy for every row, e.g. personalized_weighted_acc or global_acc")
     show = sub.add_parser("config", help="print the resolved config")
     show.add_argument("config", nargs="?")
     show.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
@@ -167,7 +170,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     """Table and figures of a sweep directory."""
     from fedpers.report import report
 
-    for path in report(args.dir):
+    for path in report(args.dir, value=args.value, metric=args.metric):
         print(f"report | wrote {path}")
     return 0
 

@@ -1,7 +1,11 @@
 """``fedpers report DIR``: a sweep's paper-style table and figures.
 
 * ``table.md`` / ``table.csv``: rows = methods, columns = dataset x alpha, cells = mean +- std over seeds
-  (in %) of each row's metric (its own headline metric unless the sweep names one); best mean in bold.
+  (in %) of each row's metric (its own headline metric unless the sweep names one, or ``--metric`` one for
+  all rows) at the final round, the best evaluated round or over the last 5 evaluated rounds
+  (``--value``); the paper's numbers beside them when the sweep has them; best mean in bold; a second
+  table with each seed's best evaluated round.
+* ``split_<dataset>_a<alpha>_seed<s>.png``: each split's clients x classes counts.
 * ``curves_<dataset>_a<alpha>.png``: accuracy vs round, mean with a +-std band over seeds (the pFedKDH
   paper's Fig. 2).
 * ``ablation_<dataset>_a<alpha>.png`` (sweeps with ``ablation: true``): bars in row order with the change
@@ -16,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedpers.errors import ConfigError
 from fedpers.results import read_metrics
 from fedpers.sweep import MethodEntry, PlannedRun, Sweep, dataset_tag, read_plan
 
@@ -24,31 +29,43 @@ def _runs_for(entry: MethodEntry, dataset: str, alpha: float, runs: list[Planned
     return [r for r in runs if r.run_key == entry.run_key and r.dataset == dataset and r.alpha == alpha]
 
 
-def _metric_of(entry: MethodEntry, summary: dict) -> str:
-    return entry.metric or summary["metric"]
+def _metric_of(entry: MethodEntry, summary: dict, metric: str | None = None) -> str:
+    return metric or entry.metric or summary["metric"]
 
 
-def collect(sweep: Sweep, runs: list[PlannedRun]) -> dict[tuple[str, str, float], dict]:
-    """(label, dataset, alpha) -> {"values": final % per finished seed, "curves": per-round % per seed}."""
+# Which value of a run a table cell shows: the last round's (the pFedKDH paper's "final accuracy"), the best
+# evaluated round's (the JDFL paper's "maximum accuracy"), or the mean of the last 5 evaluated rounds.
+VALUES = {"final": "final", "best": "best", "last5": "mean_last_5_evaluated"}
+VALUE_WORDS = {"final": "Final-round", "best": "Best-evaluated-round", "last5": "Mean of the last 5 evaluated rounds'"}
+
+
+def collect(sweep: Sweep, runs: list[PlannedRun], *, value: str = "final",
+            metric: str | None = None) -> dict[tuple[str, str, float], dict]:
+    """(label, dataset, alpha) -> {"values": % per finished seed (``value`` of the row's metric, or of
+    ``metric`` for every row), "curves": per-round % per seed, "best": (round, %) per seed, "splits":
+    each finished seed's client label counts}."""
     cells: dict[tuple[str, str, float], dict] = {}
     for entry in sweep.methods:
         for dataset in sweep.datasets:
             for alpha in sweep.alphas:
-                values, curves = [], []
+                values, curves, splits = [], [], {}
                 for run in _runs_for(entry, dataset, alpha, runs):
                     summary_path = Path(run.run_dir) / "summary.json"
                     if not summary_path.exists():
                         continue
                     summary = json.loads(summary_path.read_text())
-                    metric = _metric_of(entry, summary)
-                    final = summary["final"].get(metric)
-                    if final is None:
+                    name = _metric_of(entry, summary, metric)
+                    chosen = summary.get(VALUES[value], {}).get(name)
+                    if chosen is None:
                         continue
-                    values.append(100.0 * final)
-                    curves.append([(r["round"], 100.0 * r[metric]) for r in read_metrics(run.run_dir)
-                                   if r.get(metric) is not None])
+                    values.append(100.0 * chosen)
+                    curves.append([(r["round"], 100.0 * r[name]) for r in read_metrics(run.run_dir)
+                                   if r.get(name) is not None])
+                    if summary.get("client_label_counts"):
+                        splits[run.seed] = summary["client_label_counts"]
                 best = [max(curve, key=lambda point: point[1]) for curve in curves if curve]
-                cells[(entry.label, dataset, alpha)] = {"values": values, "curves": curves, "best": best}
+                cells[(entry.label, dataset, alpha)] = {"values": values, "curves": curves, "best": best,
+                                                        "splits": splits}
     return cells
 
 
@@ -56,7 +73,8 @@ def _columns(sweep: Sweep) -> list[tuple[str, float]]:
     return [(d, a) for d in sweep.datasets for a in sweep.alphas]
 
 
-def write_tables(sweep: Sweep, cells: dict, out: Path) -> tuple[Path, Path]:
+def write_tables(sweep: Sweep, cells: dict, out: Path, *, value: str = "final",
+                 metric: str | None = None) -> tuple[Path, Path]:
     """``table.md`` and ``table.csv``; the best mean per column is bold in the markdown table."""
     cols = _columns(sweep)
     best = {}
@@ -93,10 +111,11 @@ def write_tables(sweep: Sweep, cells: dict, out: Path) -> tuple[Path, Path]:
             lines.append(f"| {m.label} | " + " | ".join(md_cells) + " |")
             writer.writerow([m.label] + csv_cells)
     seeds = ", ".join(map(str, sweep.seeds))
-    note = (f"\nFinal-round accuracy in %, mean ± std over seeds {seeds} (finished runs only). Shared-model methods: "
-            "global accuracy; personalized methods: personalized macro accuracy (equal weight per client); best "
-            "mean per column in bold." + (" 'paper': the paper's reported value; 'diff': ours - paper." if with_paper
-                                          else "") + "\n")
+    which = (f"every row: {metric}" if metric else "shared-model methods: global accuracy; personalized methods: "
+             "personalized macro accuracy (equal weight per client) unless a row names its metric")
+    note = (f"\n{VALUE_WORDS[value]} accuracy in %, mean ± std over seeds {seeds} (finished runs only); {which}; "
+            "best mean per column in bold." + (" 'paper': the paper's reported value; 'diff': ours - paper." if
+                                               with_paper else "") + "\n")
     lines += ["", "Best evaluated round (max over the rounds evaluated; per seed: value % (round)):", "",
               "| method | " + " | ".join(f"{dataset_tag(d)} α={a:g}" for d, a in cols) + " |",
               "|---|" + "---|" * len(cols)]
@@ -167,10 +186,31 @@ def write_figures(sweep: Sweep, cells: dict, out: Path) -> list[Path]:
     return paths
 
 
-def report(out: str | Path) -> list[Path]:
-    """Write the table and figures of the sweep in ``out``; returns the files written."""
+def write_splits(sweep: Sweep, cells: dict, out: Path) -> list[Path]:
+    """``split_<dataset>_a<alpha>_seed<s>.png``: the clients x classes counts of each split of the sweep
+    (the runs of one dataset, alpha and seed share their split: it is drawn from the first finished one)."""
+    from fedpers.run_figures import label_distribution_png
+
+    paths = []
+    for d, a in _columns(sweep):
+        drawn: set[int] = set()
+        for m in sweep.methods:
+            for seed, counts in cells[(m.label, d, a)]["splits"].items():
+                if seed not in drawn:
+                    drawn.add(seed)
+                    path = label_distribution_png(counts, out / f"split_{dataset_tag(d)}_a{a:g}_seed{seed}.png")
+                    paths += [path] if path else []
+    return paths
+
+
+def report(out: str | Path, *, value: str = "final", metric: str | None = None) -> list[Path]:
+    """Write the table and figures of the sweep in ``out``; returns the files written. ``value``: which
+    value of each run (``final``, ``best``, ``last5``); ``metric``: one accuracy for every row instead of
+    each row's own (e.g. ``personalized_weighted_acc``)."""
+    if value not in VALUES:
+        raise ConfigError(f"report: value must be one of {', '.join(VALUES)}, got {value!r}")
     out = Path(out)
     sweep, runs = read_plan(out)
-    cells = collect(sweep, runs)
-    md, csv_path = write_tables(sweep, cells, out)
-    return [md, csv_path, *write_figures(sweep, cells, out)]
+    cells = collect(sweep, runs, value=value, metric=metric)
+    md, csv_path = write_tables(sweep, cells, out, value=value, metric=metric)
+    return [md, csv_path, *write_figures(sweep, cells, out), *write_splits(sweep, cells, out)]

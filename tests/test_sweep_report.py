@@ -10,7 +10,7 @@ import pytest
 from fedpers.config import build_config
 from fedpers.errors import ConfigError
 from fedpers.report import report
-from fedpers.results import ResultsWriter
+from fedpers.results import ResultsWriter, accuracy_summary
 from fedpers.sweep import load_sweep, plan, write_plan
 from tests.conftest import ROOT
 
@@ -30,15 +30,18 @@ ablation: true
 def fake_run(run, accs):
     """Write the files a finished run leaves, with given per-round accuracies (fractions)."""
     writer = ResultsWriter(run.run_dir)
-    for r, acc in enumerate(accs, 1):
-        writer.append_round({"round": r, "global_acc": acc - 0.1, "personalized_macro_acc": acc,
-                             "personalized_macro_acc_fair": acc - 0.05, "per_client_acc": {}, "train_loss": 1.0,
-                             "bytes_up": 1, "bytes_down": 1, "round_seconds": 1.0})
+    history = [{"round": r, "global_acc": acc - 0.1, "personalized_macro_acc": acc,
+                "personalized_macro_acc_fair": acc - 0.05, "per_client_acc": {}, "train_loss": 1.0,
+                "bytes_up": 1, "bytes_down": 1, "round_seconds": 1.0} for r, acc in enumerate(accs, 1)]
+    for record in history:
+        writer.append_round(record)
     method = run.overrides["method"]
     metric = "global_acc" if method == "fedavg" else "personalized_macro_acc"
     writer.write_summary({"metric": metric, "final": {"global_acc": accs[-1] - 0.1,
                                                       "personalized_macro_acc": accs[-1],
-                                                      "personalized_macro_acc_fair": accs[-1] - 0.05}})
+                                                      "personalized_macro_acc_fair": accs[-1] - 0.05},
+                          **accuracy_summary(history),
+                          "client_label_counts": {"0": {"train": [3, 1]}, "1": {"train": [0, 4]}}})
 
 
 def test_plan_dedupes_rows_sharing_runs_and_validates(tmp_path):
@@ -83,6 +86,29 @@ def test_report_table_and_figures(tmp_path):
     names = {p.name for p in files}
     assert {"curves_digits_a0.5.png", "curves_digits_a1.png", "ablation_digits_a0.5.png"} <= names
     assert all(p.stat().st_size > 1000 for p in files if p.suffix == ".png")
+
+
+def test_report_best_value_one_metric_for_all_rows_paper_columns_and_splits(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(SWEEP.replace("ablation: true", "paper:\n  fedavg: {digits_a0.5: 75.0}"))
+    out = tmp_path / "out"
+    sweep = load_sweep(path)
+    write_plan(sweep, out)
+    for run in plan(sweep, out):
+        fake_run(run, [0.9, 0.95, 0.7])  # best evaluated round: 2
+    report(out, value="best")
+    table = (out / "table.md").read_text()
+    assert "| method | digits α=0.5 | paper | diff | digits α=1 |" in table
+    assert "| fedavg | 85.00±0.00 | 75.00 | +10.00 | 85.00±0.00 |" in table  # its global accuracy in round 2
+    assert "| pFedKDH-EA | **95.00±0.00** | – |  | **95.00±0.00** |" in table  # no paper value for this row
+    assert "| pFedKDH-Fair | 90.00±0.00 |" in table
+    assert "Best-evaluated-round accuracy" in table
+    report(out, metric="personalized_macro_acc")  # one metric for every row, final round
+    table = (out / "table.md").read_text()
+    assert "| fedavg | **70.00±0.00** | 75.00 | -5.00 |" in table and "every row: personalized_macro_acc" in table
+    assert (out / "split_digits_a0.5_seed0.png").is_file() and (out / "split_digits_a1_seed1.png").is_file()
+    with pytest.raises(ConfigError, match="value must be one of"):
+        report(out, value="max")
 
 
 def test_ready_sweep_files_are_valid():
