@@ -47,8 +47,8 @@ class Federation:
     def __init__(self, dataset: Dataset, partition: Partition):
         self.dataset = dataset
         self.partition = partition
-        self._on_device: dict[str, tuple[torch.Tensor, ...]] = {}
-        self._clients: dict[tuple[int, str], ClientData] = {}
+        self._host: tuple[torch.Tensor, ...] | None = None
+        self._on_device: dict[tuple, Split] = {}
 
     @property
     def num_clients(self) -> int:
@@ -65,43 +65,48 @@ class Federation:
         """(C, H, W) of one image."""
         return self.dataset.input_shape
 
-    def _tensors(self, device: torch.device) -> tuple[torch.Tensor, ...]:
-        """(x, y) of the train index space and of the test index space, on ``device``."""
-        key = str(device)
-        if key not in self._on_device:
+    def _host_tensors(self) -> tuple[torch.Tensor, ...]:
+        """(x, y) of the train index space and of the test index space, as CPU tensors sharing the numpy
+        arrays' memory (no copy)."""
+        if self._host is None:
             d = self.dataset
             if self.partition.index_space == "split":
                 arrays = [(d.x_train, d.y_train), (d.x_test, d.y_test)]
             else:  # joined: every index points into concat(x_train, x_test)
                 arrays = [(np.concatenate([d.x_train, d.x_test]), np.concatenate([d.y_train, d.y_test]))]
-            moved = [tuple(torch.as_tensor(a).to(device) for a in pair) for pair in arrays]
-            self._on_device[key] = (*moved[0], *moved[-1])
+            moved = [tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in pair) for pair in arrays]
+            self._host = (*moved[0], *moved[-1])
+        return self._host
+
+    def _split(self, key: tuple, x: torch.Tensor, y: torch.Tensor, idx: np.ndarray, device: torch.device) -> Split:
+        """The samples ``idx`` of (x, y) on ``device``, built once per key. Only these samples are copied
+        to the device: a Ray actor holds on its GPU the data of the clients it serves, not the dataset."""
+        if key not in self._on_device:
+            rows = torch.as_tensor(np.asarray(idx, dtype=np.int64))
+            self._on_device[key] = Split(x[rows].to(device), y[rows].to(device))
         return self._on_device[key]
 
     def client(self, partition_id: int, device: torch.device) -> ClientData:
         """Client ``partition_id``'s train/test tensors on ``device`` (built once, then reused)."""
-        key = (partition_id, str(device))
-        if key not in self._clients:
-            xtr, ytr, xte, yte = self._tensors(device)
-            tr = torch.as_tensor(self.partition.train[partition_id], device=device)
-            te = torch.as_tensor(self.partition.test[partition_id], device=device)
-            self._clients[key] = ClientData(Split(xtr[tr], ytr[tr]), Split(xte[te], yte[te]))
-        return self._clients[key]
+        xtr, ytr, xte, yte = self._host_tensors()
+        return ClientData(
+            self._split(("train", partition_id, str(device)), xtr, ytr, self.partition.train[partition_id], device),
+            self._split(("test", partition_id, str(device)), xte, yte, self.partition.test[partition_id], device))
 
     def aux(self, device: torch.device) -> Split:
         """The server's labelled auxiliary set Ds."""
-        xtr, ytr, _, _ = self._tensors(device)
-        idx = torch.as_tensor(self.partition.aux, device=device)
-        return Split(xtr[idx], ytr[idx])
+        xtr, ytr, _, _ = self._host_tensors()
+        return self._split(("aux", str(device)), xtr, ytr, self.partition.aux, device)
 
     def test(self, device: torch.device) -> Split:
         """The global test set: the whole test split, or in a joined index space the union of the
         clients' test splits (global accuracy of a shared model)."""
-        _, _, xte, yte = self._tensors(device)
+        _, _, xte, yte = self._host_tensors()
         if self.partition.index_space == "split":
-            return Split(xte, yte)
-        idx = torch.as_tensor(np.sort(np.concatenate(self.partition.test)), device=device)
-        return Split(xte[idx], yte[idx])
+            idx = np.arange(len(yte))
+        else:
+            idx = np.sort(np.concatenate(self.partition.test))
+        return self._split(("global test", str(device)), xte, yte, idx, device)
 
     def client_label_counts(self) -> dict[str, dict[str, list[int]]]:
         """Each client's number of samples per class, in its train and its test split (the picture of the

@@ -92,3 +92,22 @@ def test_impossible_requests_are_clear_errors(digits):
         make_partition(digits.y_train, digits.y_test, num_clients=2, scheme="iid", aux_size=10**6)
     with pytest.raises(DataError, match="classes_per_client"):
         make_partition(digits.y_train, digits.y_test, num_clients=2, scheme="pathological", classes_per_client=11)
+
+
+def test_only_a_clients_own_samples_are_moved_to_the_device():
+    """A client actor copies to its device the samples of the clients it serves, never the dataset
+    (the 'meta' device stands in for a GPU: it records shapes without holding data)."""
+    import torch
+
+    from fedpers.config import build_config
+    from fedpers.federation import Federation, get_federation
+
+    fed = get_federation(build_config({"dataset": "digits", "num_clients": 4, "aux_size": 100, "alpha": 1.0}))
+    fresh = Federation(fed.dataset, fed.partition)
+    data = fresh.client(2, torch.device("meta"))
+    assert data.train.x.device.type == "meta" and data.test.y.device.type == "meta"
+    assert len(data.train) == len(fed.partition.train[2]) and len(data.test) == len(fed.partition.test[2])
+    on_device = [s for s in fresh._on_device.values() if s.x.device.type == "meta"]
+    assert sum(len(s) for s in on_device) == len(fed.partition.train[2]) + len(fed.partition.test[2])
+    cpu = fresh.client(2, torch.device("cpu"))
+    assert torch.equal(cpu.train.y, torch.as_tensor(fed.dataset.y_train[fed.partition.train[2]]))
