@@ -44,7 +44,8 @@ def server_fn(context: Context) -> ServerAppComponents:
     state = checkpoint_to_resume(cfg)  # checked before the results writer touches out_dir
     check_out_dir(cfg.out_dir, overwrite=cfg.overwrite, resume=cfg.resume,
                   checkpoint_file=checkpoint_path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None)
-    writer = ResultsWriter(cfg.out_dir, tensorboard=cfg.tensorboard)
+    writer = ResultsWriter(cfg.out_dir, tensorboard=cfg.tensorboard, wandb=cfg.wandb,
+                           wandb_project=cfg.wandb_project, config=cfg.to_dict())
     save_partition(writer.out_dir / "partition.npz", federation.partition, dataset=Path(cfg.dataset).name,
                    num_train=len(federation.dataset.y_train), num_test=len(federation.dataset.y_test))
     label_distribution_png(federation.client_label_counts(), writer.out_dir / "partition.png")

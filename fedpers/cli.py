@@ -91,6 +91,11 @@ def preflight(cfg: Config) -> None:
     from fedpers.training import resolve_device
 
     resolve_device(cfg.device)
+    if cfg.wandb != "off":
+        import importlib.util
+
+        if importlib.util.find_spec("wandb") is None:
+            raise FedpersError("config key 'wandb': needs the wandb package: pip install 'fedpers[wandb]'")
     check_run_dir(cfg)
     fed = get_federation(cfg)
     if cfg.ray_address:

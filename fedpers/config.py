@@ -49,6 +49,10 @@ def _unit_interval_open_left(v: float) -> str | None:
     return None if 0 < v <= 1 else "must be in (0, 1]"
 
 
+def _unit_interval_open(v: float) -> str | None:
+    return None if 0 < v < 1 else "must be in (0, 1)"
+
+
 def _unit_interval(v: float) -> str | None:
     return None if 0 <= v <= 1 else "must be in [0, 1]"
 
@@ -96,8 +100,17 @@ KEYS: tuple[Key, ...] = (
     Key("data_dir", str, "",
         "directory holding <dataset>.npz or torchvision files; '' = ~/.cache/fedpers/data (download)"),
     Key("partition", str, "dirichlet",
-        "client split: dirichlet | pathological | iid | file | domain (one domain per client, needs domain ids)",
-        _one_of("dirichlet", "pathological", "iid", "file", "domain")),
+        "client split: dirichlet | pathological | iid | file | domain (one domain per client, needs domain ids) "
+        "| flwr (a flwr-datasets partitioner, see flwr_partitioner)",
+        _one_of("dirichlet", "pathological", "iid", "file", "domain", "flwr")),
+    Key("flwr_partitioner", str, "DirichletPartitioner",
+        "partition=flwr: class name of a flwr_datasets.partitioner (e.g. PathologicalPartitioner, ShardPartitioner)"),
+    Key("flwr_partitioner_args", str, "",
+        "partition=flwr: its keyword arguments as a YAML mapping, e.g. '{alpha: 0.3}' (num_partitions, "
+        "partition_by=label and seed are set unless given)"),
+    Key("flwr_test_fraction", float, 0.25,
+        "partition=flwr: share of each client's partition held out as its test split (ours: PFLlib's 75/25)",
+        _unit_interval_open),
     Key("partition_file", str, "", "partition.npz to take clients, splits and Ds from (partition=file)"),
     Key("alpha", float, 0.05, "Dirichlet concentration of the class-wise label skew", _positive),
     Key("classes_per_client", int, 2, "classes per client for partition=pathological", _at_least_one),
@@ -129,6 +142,10 @@ KEYS: tuple[Key, ...] = (
         "join this Ray cluster (HEAD_IP:PORT, see README) instead of starting a private local Ray"),
     Key("out_dir", str, "results/latest", "where metrics.jsonl and summary.json are written"),
     Key("tensorboard", bool, False, "also write each round's metrics as TensorBoard events in out_dir/tensorboard"),
+    Key("wandb", str, "off",
+        "Weights & Biases logging of every round (optional extra fedpers[wandb]): off | offline (files in "
+        "<out_dir>/wandb, `wandb sync` them later) | online", _one_of("off", "offline", "online")),
+    Key("wandb_project", str, "fedpers", "Weights & Biases project name (wandb: offline | online)"),
     # --- robustness --------------------------------------------------------------------------------
     Key("aggregation", str, "mean",
         "rule for the shared part: mean (sample-weighted) | median | trimmed_mean (coordinate-wise)",

@@ -19,7 +19,8 @@ from fedpers.partition import Partition, load_partition, make_partition
 
 # Config keys that determine the data and the split (nothing else may change them).
 DATA_KEYS = ("dataset", "data_dir", "partition", "partition_file", "alpha", "classes_per_client",
-             "min_samples_per_client", "num_clients", "aux_size", "seed")
+             "min_samples_per_client", "num_clients", "aux_size", "seed", "flwr_partitioner",
+             "flwr_partitioner_args", "flwr_test_fraction")
 
 
 @dataclass(frozen=True)
@@ -148,13 +149,20 @@ class Federation:
 @functools.lru_cache(maxsize=4)
 def _federation(dataset: str, data_dir: str, partition: str, partition_file: str, alpha: float,
                 classes_per_client: int, min_samples_per_client: int, num_clients: int, aux_size: int,
-                seed: int) -> Federation:
+                seed: int, flwr_partitioner: str, flwr_partitioner_args: str, flwr_test_fraction: float) -> Federation:
     data = load_dataset(dataset, data_dir)
     if partition == "file":
         split = load_partition(partition_file, num_train=len(data.y_train), num_test=len(data.y_test))
         if split.num_clients != num_clients:
             raise DataError(f"num_clients={num_clients} but partition file {partition_file} has "
                             f"{split.num_clients} clients")
+    elif partition == "flwr":  # a flwr-datasets partitioner (optional extra)
+        from fedpers.flwr_partition import flwr_partition
+
+        split = flwr_partition(np.concatenate([data.y_train, data.y_test]), len(data.y_train),
+                               num_clients=num_clients, partitioner=flwr_partitioner,
+                               arguments=flwr_partitioner_args, aux_size=aux_size, seed=seed,
+                               test_fraction=flwr_test_fraction)
     elif partition == "domain":  # feature skew: one domain per client (fedpers/domains.py)
         from fedpers.domains import domain_partition
 

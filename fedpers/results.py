@@ -55,7 +55,8 @@ def accuracy_summary(history: list[dict[str, Any]], last: int = LAST_ROUNDS) -> 
 class ResultsWriter:
     """Writes one run's results into ``out_dir``."""
 
-    def __init__(self, out_dir: str | os.PathLike, tensorboard: bool = False):
+    def __init__(self, out_dir: str | os.PathLike, tensorboard: bool = False, *, wandb: str = "off",
+                 wandb_project: str = "fedpers", config: dict[str, Any] | None = None):
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.tensorboard = None
@@ -63,6 +64,9 @@ class ResultsWriter:
             from torch.utils.tensorboard import SummaryWriter
 
             self.tensorboard = SummaryWriter(log_dir=str(self.out_dir / "tensorboard"))
+        self.wandb_run = None
+        if wandb != "off":
+            self.wandb_run = _start_wandb(self.out_dir, wandb, wandb_project, config or {})
         self.metrics_path = self.out_dir / "metrics.jsonl"
         self.summary_path = self.out_dir / "summary.json"
         self.metrics_path.write_text("")  # a new run starts a new file
@@ -78,23 +82,45 @@ class ResultsWriter:
             f.write(json.dumps(_clean(record), sort_keys=False) + "\n")
             f.flush()
             os.fsync(f.fileno())
+        scalars = {key: value for key, value in record.items()
+                   if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "round"
+                   and math.isfinite(value)}
         if self.tensorboard is not None:
-            for key, value in record.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "round" \
-                        and math.isfinite(value):
-                    self.tensorboard.add_scalar(key, value, global_step=record["round"])
+            for key, value in scalars.items():
+                self.tensorboard.add_scalar(key, value, global_step=record["round"])
             self.tensorboard.flush()
+        if self.wandb_run is not None:
+            self.wandb_run.log(scalars, step=int(record["round"]))
 
     def write_summary(self, summary: dict[str, Any], history: list[dict[str, Any]] | None = None) -> None:
         """Write ``summary.json`` atomically, and with ``history`` the accuracy curves ``curves.png``."""
         tmp = self.summary_path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(_clean(summary), indent=2) + "\n")
         os.replace(tmp, self.summary_path)
+        if self.wandb_run is not None:
+            for key, value in _clean(summary).items():
+                if key != "config":
+                    self.wandb_run.summary[key] = value
+            self.wandb_run.finish()
+            self.wandb_run = None
         if history:
             from fedpers.run_figures import curves_png
 
             curves_png(history, self.out_dir / "curves.png",
                        title=f"{summary.get('method', '')} on {Path(str(summary.get('dataset', ''))).name}")
+
+
+def _start_wandb(out_dir: Path, mode: str, project: str, config: dict[str, Any]):
+    """A Weights & Biases run writing into ``out_dir/wandb`` (``offline``: no network, sync later)."""
+    try:
+        import wandb
+    except ImportError:
+        from fedpers.errors import ConfigError
+
+        raise ConfigError("config key 'wandb': needs the wandb package: pip install 'fedpers[wandb]'") from None
+    os.environ.setdefault("WANDB_SILENT", "true")
+    return wandb.init(project=project, mode=mode, dir=str(out_dir), config=config,
+                      name=f"{config.get('method', 'run')}-{out_dir.name}", reinit="finish_previous")
 
 
 def read_metrics(out_dir: str | os.PathLike) -> list[dict[str, Any]]:

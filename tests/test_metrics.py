@@ -55,3 +55,19 @@ def test_label_distribution_picture_has_one_row_per_client(tmp_path):
         plt.Axes.imshow = original
     assert path.is_file() and path.stat().st_size > 1000
     assert captured["matrix"].tolist() == [[5, 0, 1], [0, 7, 0], [2, 2, 2], [0, 0, 9]]  # one row per client
+
+
+def test_wandb_offline_logs_every_round_and_the_summary(tmp_path):
+    """wandb: offline writes a run under OUT/wandb with every round's numbers (no network, no process left)."""
+    from fedpers.results import ResultsWriter
+
+    writer = ResultsWriter(tmp_path, wandb="offline", config={"method": "fedavg", "alpha": 0.5})
+    for r in (1, 2):
+        writer.append_round({"round": r, "global_acc": 0.25 * r, "personalized_macro_acc": None,
+                             "personalized_weighted_acc_probe": 0.125, "per_client_acc": None, "train_loss": 1.0,
+                             "bytes_up": 1, "bytes_down": 1, "round_seconds": 0.1})
+    writer.write_summary({"method": "fedavg", "final": {"global_acc": 0.5}, "config": {"alpha": 0.5}})
+    logs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(logs) == 1 and writer.wandb_run is None  # finished with the summary
+    data = logs[0].read_bytes()
+    assert b"global_acc" in data and b"personalized_weighted_acc_probe" in data and b"train_loss" in data
