@@ -41,6 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--out", required=True, help="sweep directory")
     sweep.add_argument("--tensorboard", action="store_true", help="TensorBoard events for every run")
     sweep.add_argument("--dry-run", action="store_true", help="validate and list the runs, run nothing")
+    sweep.add_argument("--jobs", type=int, default=1,
+                       help="runs at a time (default 1): one per GPU with CUDA_VISIBLE_DEVICES, else sharing the CPUs")
     sweep.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                        help="override a key of the sweep's base config for every run (repeatable)")
     sweep.add_argument("--datasets", nargs="+", help="replace the sweep's dataset list")
@@ -165,7 +167,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from fedpers.rundir import RunLock
 
     with RunLock(args.out):  # a second sweep on the same directory would run the same runs twice
-        failed = run_sweep(sweep, args.out, tensorboard=args.tensorboard)
+        failed = run_sweep(sweep, args.out, tensorboard=args.tensorboard, jobs=args.jobs)
     for path in report(args.out):
         print(f"sweep | wrote {path}")
     return 1 if failed else 0

@@ -21,6 +21,7 @@ where it stopped: at the next run, or inside the interrupted one after its last 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -198,20 +199,52 @@ def _eta(seconds: float) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
-def run_child(cmd: list[str]) -> int:
-    """Run one ``fedpers run`` and return its exit code. On Ctrl-C the run gets the interrupt too and is
-    waited for (it stops its own Ray cluster and keeps its finished rounds), then the sweep stops."""
-    child = subprocess.Popen(cmd)
+def run_children(commands: list[tuple[list[str], dict[str, str]]], jobs: int,
+                 on_start=None, on_end=None) -> list[int]:
+    """Run ``(argv, extra env)`` commands, at most ``jobs`` at a time, and return their exit codes in order.
+    On Ctrl-C every running child gets the interrupt too and is waited for (each stops its own Ray cluster
+    and keeps its finished rounds), then the interrupt goes on."""
+    codes: list[int | None] = [None] * len(commands)
+    running: dict[int, subprocess.Popen] = {}
+    pending = list(range(len(commands)))
     try:
-        return child.wait()
+        while pending or running:
+            while pending and len(running) < jobs:
+                i = pending.pop(0)
+                argv, env = commands[i]
+                if on_start:
+                    on_start(i)
+                running[i] = subprocess.Popen(argv, env={**os.environ, **env})
+            for i, child in list(running.items()):
+                if child.poll() is not None:
+                    codes[i] = child.returncode
+                    del running[i]
+                    if on_end:
+                        on_end(i, child.returncode)
+            time.sleep(0.2)
     except KeyboardInterrupt:
-        child.send_signal(signal.SIGINT)
-        try:
-            child.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+        for child in running.values():
+            child.send_signal(signal.SIGINT)
+        for child in running.values():
+            try:
+                child.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
         raise
+    return [int(c) for c in codes]
+
+
+def job_environments(jobs: int) -> list[dict[str, str]]:
+    """Environment of each of ``jobs`` job slots: with CUDA GPUs, slot i sees only GPU i mod #GPUs
+    (``CUDA_VISIBLE_DEVICES``); without, the runs share the CPUs."""
+    try:
+        import torch
+
+        gpus = torch.cuda.device_count()
+    except Exception:  # noqa: BLE001 - no usable CUDA is the same as no GPU
+        gpus = 0
+    return [{"CUDA_VISIBLE_DEVICES": str(i % gpus)} if gpus else {} for i in range(jobs)]
 
 
 def resumable(run_dir: str | Path) -> dict[str, Any]:
@@ -223,27 +256,42 @@ def resumable(run_dir: str | Path) -> dict[str, Any]:
             "resume": True}
 
 
-def run_sweep(sweep: Sweep, out: str | Path, *, tensorboard: bool = False) -> list[PlannedRun]:
+def run_sweep(sweep: Sweep, out: str | Path, *, tensorboard: bool = False, jobs: int = 1) -> list[PlannedRun]:
     """Run every planned run that has no ``summary.json`` yet, each as its own ``fedpers run`` process
-    (so a failing run cannot take the sweep down). Returns the runs that failed."""
+    (so a failing run cannot take the sweep down), ``jobs`` at a time (see :func:`job_environments`).
+    Returns the runs that failed."""
+    if jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {jobs}")
     write_plan(sweep, out)
     runs = plan(sweep, out)
     todo = [r for r in runs if not (Path(r.run_dir) / "summary.json").exists()]
-    print(f"sweep | {len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to run -> {out}", flush=True)
-    failed: list[PlannedRun] = []
-    started = time.perf_counter()
-    for i, run in enumerate(todo, 1):
-        elapsed = time.perf_counter() - started
-        eta = elapsed / (i - 1) * (len(todo) - i + 1) if i > 1 else 0.0
-        print(f"sweep | run {i}/{len(todo)} | {run.run_key} {dataset_tag(run.dataset)} alpha={run.alpha:g} "
-              f"seed={run.seed} | elapsed {_eta(elapsed)} | ETA {_eta(eta)}", flush=True)
+    print(f"sweep | {len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to run -> {out}"
+          + (f", {jobs} at a time" if jobs > 1 else ""), flush=True)
+    slots = job_environments(jobs)
+    commands = []
+    for i, run in enumerate(todo):
         cmd = [sys.executable, "-m", "fedpers.cli", "run"]
         for key, value in {**run.overrides, **resumable(run.run_dir), "tensorboard": tensorboard}.items():
             # JSON is read back by YAML as exactly this value: no character (a '#' in a path, a ': ',
             # quotes) can change its meaning or its type
             cmd += ["--set", f"{key}={json.dumps(value)}"]
-        if run_child(cmd) != 0:
-            failed.append(run)
-            print(f"sweep | run failed: {run.run_dir}", flush=True)
+        commands.append((cmd, slots[i % jobs]))
+    started = time.perf_counter()
+    finished = [0]
+
+    def on_start(i: int) -> None:
+        run = todo[i]
+        elapsed = time.perf_counter() - started
+        eta = elapsed / finished[0] * (len(todo) - finished[0]) / jobs if finished[0] else 0.0
+        print(f"sweep | run {i + 1}/{len(todo)} | {run.run_key} {dataset_tag(run.dataset)} alpha={run.alpha:g} "
+              f"seed={run.seed} | elapsed {_eta(elapsed)} | ETA {_eta(eta)}", flush=True)
+
+    def on_end(i: int, code: int) -> None:
+        finished[0] += 1
+        if code != 0:
+            print(f"sweep | run failed: {todo[i].run_dir}", flush=True)
+
+    codes = run_children(commands, jobs, on_start, on_end)
+    failed = [run for run, code in zip(todo, codes) if code != 0]
     print(f"sweep | finished in {_eta(time.perf_counter() - started)}; {len(failed)} failed", flush=True)
     return failed

@@ -145,3 +145,21 @@ def test_real_sweep_runs_and_resumes(tmp_path):
     assert "1 to run" in first.stdout and (out / "table.md").exists()
     second = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert "1 already done, 0 to run" in second.stdout
+
+
+@pytest.mark.simulation
+def test_two_jobs_give_the_same_tables_as_one(tmp_path):
+    """fedpers sweep --jobs 2 runs two runs at once (sharing the CPUs here) and gives the same tables."""
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("base: {rounds: 2, num_clients: 3, fraction_fit: 1.0, local_epochs: 1, aux_size: 100, "
+                     "feature_dim: 64, device: cpu, batch_size: 32, lr: 0.05}\ndatasets: [digits]\n"
+                     "alphas: [1.0]\nseeds: [0]\nmethods: [fedavg, fedper]\n")
+    tables = {}
+    for jobs in (1, 2):
+        out = tmp_path / f"jobs{jobs}"
+        proc = subprocess.run([sys.executable, "-m", "fedpers.cli", "sweep", str(sweep), "--out", str(out),
+                               "--jobs", str(jobs)], capture_output=True, text=True, cwd=ROOT, timeout=600)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        tables[jobs] = ((out / "table.md").read_text(), (out / "table.csv").read_text())
+    assert "2 at a time" in proc.stdout
+    assert tables[1] == tables[2] and "| fedper |" in tables[1][0]
