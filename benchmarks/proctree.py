@@ -8,46 +8,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def _children() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-        kids.setdefault(ppid, []).append(int(entry))
-    return kids
-
-
-def process_tree(root: int) -> list[int]:
-    """``root`` and all its descendants."""
-    kids = _children()
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(kids.get(pid, []))
-    return out
-
-
-def rss_pss(pid: int) -> tuple[int, int]:
-    """(RSS, PSS) of ``pid`` in bytes (0, 0 when it has gone)."""
-    try:
-        rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
-        pss = 0
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                pss = int(line.split()[1]) * 1024
-                break
-        return rss, pss
-    except (OSError, ValueError, IndexError):
-        return 0, 0
+from fedpers.memory import process_tree, rss_pss  # noqa: F401 - re-exported for the benchmarks
 
 
 def status_kb(pid: int, *fields: str) -> list[int]:

@@ -69,6 +69,9 @@ class FedPersClient(NumPyClient):
     download_part: Part = "all"
     upload_part: Part = "all"
     persistent_part: Part | None = None
+    # whole-model copies of other state a client keeps between rounds (EMA teacher, personal model,
+    # control variates), besides persistent_part: what fedpers.memory.estimate counts per client
+    state_model_copies: float = 0.0
 
     def __init__(self, cfg: Config, context: Context):
         self.cfg = cfg

@@ -33,6 +33,7 @@ PERSONAL_STATE = "ditto_personal"
 
 class DittoClient(FedPersClient):
     """Global model trained as FedAvg and uploaded; personal model v_k trained with proximal coupling."""
+    state_model_copies = 1.0  # the personal model v_k, per client (memory estimate)
 
     download_part = "all"
     upload_part = "all"

@@ -38,6 +38,7 @@ WEIGHTS_STATE = "fedala_weights"
 
 class FedALAClient(FedPersClient):
     """ALA initialisation, local SGD, whole-model upload; local model and ALA weights persist."""
+    state_model_copies = 2.0  # the local model and its aggregation weights, per client (memory estimate)
 
     download_part = "all"
     upload_part = "all"

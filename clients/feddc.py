@@ -22,6 +22,7 @@ from fedpers.optimizers import (feddc_client_gradient_state, feddc_corrected_mod
 
 class FedDCClient(ServerStateClient):
     """Drift-decoupled, gradient-corrected local training."""
+    state_model_copies = 2.0  # the drift variable and the gradient correction, per client (memory estimate)
 
     def on_download(self) -> None:
         """Snapshot w, g and this client's h_i, g_i."""

@@ -18,6 +18,7 @@ from fedpers.optimizers import feddyn_client_state, feddyn_regularizer, zeros_li
 
 class FedDynClient(ServerStateClient):
     """Dynamic-regularised local training."""
+    state_model_copies = 1.0  # the dual state (gradient correction), per client (memory estimate)
 
     expected_server_arrays = 0
 

@@ -37,6 +37,7 @@ TEACHER_STATE = "ema_teacher"
 
 class FedEAGDClient(FedPersClient):
     """Shared SE-CNN extractor, persistent head + residual, persistent EMA teacher."""
+    state_model_copies = 1.0  # the EMA teacher (a backbone copy), per client (memory estimate)
 
     download_part = "backbone"
     upload_part = "backbone"

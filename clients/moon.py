@@ -19,6 +19,7 @@ from fedpers.training import frozen_copy
 
 class MoonClient(FedAvgClient):
     """Model-contrastive local training."""
+    state_model_copies = 1.0  # the previous local model, per client (memory estimate)
 
     def on_download(self) -> None:
         """Frozen global model and frozen previous local model."""

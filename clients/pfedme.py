@@ -36,6 +36,7 @@ PERSONAL_STATE = "pfedme_theta"
 
 class PFedMeClient(FedPersClient):
     """Bilevel Moreau-envelope local update; uploads w_{i,R}, keeps theta_i."""
+    state_model_copies = 1.0  # the personalized model theta_i, per client (memory estimate)
 
     download_part = "all"
     upload_part = "all"

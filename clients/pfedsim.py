@@ -28,6 +28,7 @@ LOCAL_STATE = "pfedsim_local"
 
 class PFedSimClient(FedPersClient):
     """Whole-model training; own classifier and trained model kept from the personalization phase on."""
+    state_model_copies = 1.0  # the local model, per client (memory estimate)
 
     download_part = "all"
     upload_part = "all"

@@ -71,6 +71,7 @@ class ServerStateClient(FedAvgClient):
 
 class ScaffoldClient(ServerStateClient):
     """Control-variate-corrected local SGD."""
+    state_model_copies = 1.0  # the control variate c_i, per client (memory estimate)
 
     expected_server_arrays = None  # = number of model arrays, checked in on_download
 

@@ -105,10 +105,37 @@ def preflight(cfg: Config) -> None:
 
         nodes = check_data_on_nodes(cfg)
         print(f"fedpers | Ray cluster {cfg.ray_address}: {nodes} nodes can read the data", flush=True)
+    check_memory(cfg, fed)
     sizes = [len(t) for t in fed.partition.train]
     print(f"fedpers | {cfg.method} on {fed.dataset.name}: {fed.num_clients} clients "
           f"({min(sizes)}-{max(sizes)} train samples each), |Ds|={len(fed.partition.aux)}, "
           f"{cfg.rounds} rounds, results -> {cfg.out_dir}", flush=True)
+
+
+def check_memory(cfg: Config, fed) -> None:
+    """Print the run's memory estimate; refuse a run that cannot fit in the host's (or GPU's) free memory."""
+    from fedpers.memory import available_host_bytes, estimate
+    from fedpers.models import build_model
+    from fedpers.registry import client_class_for, model_kind_of
+
+    if cfg.ray_address:  # another cluster's machines: nothing to compare with here
+        return
+    model = build_model(fed.input_shape, fed.num_classes, feature_dim=cfg.feature_dim, dropout=cfg.dropout,
+                        kind=model_kind_of(cfg))
+    need = estimate(cfg, fed, client_class_for(cfg), model)
+    print(f"fedpers | {need.line()}", flush=True)
+    free = available_host_bytes()
+    if free is not None and need.host > free:
+        raise FedpersError(f"the run needs about {need.host / 2**30:.1f} GiB of host memory but {free / 2**30:.1f} "
+                           f"GiB are available: fewer client actors (raise client_cpus), client_state_spill=true, "
+                           f"or fewer clients")
+    if need.gpu:
+        import torch
+
+        gpu_free = torch.cuda.mem_get_info()[0]
+        if need.gpu > gpu_free:
+            raise FedpersError(f"the run needs about {need.gpu / 2**30:.1f} GiB of GPU memory but "
+                               f"{gpu_free / 2**30:.1f} GiB are free: raise client_gpus (fewer actors per GPU)")
 
 
 def check_run_dir(cfg: Config) -> None:

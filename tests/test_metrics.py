@@ -71,3 +71,44 @@ def test_wandb_offline_logs_every_round_and_the_summary(tmp_path):
     assert len(logs) == 1 and writer.wandb_run is None  # finished with the summary
     data = logs[0].read_bytes()
     assert b"global_acc" in data and b"personalized_weighted_acc_probe" in data and b"train_loss" in data
+
+
+@pytest.mark.simulation
+@pytest.mark.parametrize("dataset", ["digits", "mnist"])
+def test_memory_estimate_is_within_25_percent_of_the_measured_peak(tmp_path, dataset):
+    """The one-line estimate fedpers run prints before it starts, against the peak PSS of its process tree
+    (driver, Ray's processes, client actors) sampled while it runs. MNIST where the shared file is here."""
+    import os
+    import re
+    import subprocess
+    import sys
+    import threading
+    import time
+    from pathlib import Path
+
+    from fedpers.memory import tree_pss
+
+    root = Path(__file__).resolve().parents[1]
+    data = {"digits": "digits", "mnist": str(root.parent / "shared" / "data" / "mnist.npz")}[dataset]
+    if dataset == "mnist" and not Path(data).is_file():
+        pytest.skip("../shared/data/mnist.npz is not on this machine")
+    cmd = [sys.executable, "-m", "fedpers.cli", "run", "--out", str(tmp_path / "run"), "--set", f"dataset={data}",
+           "--set", "method=fedper", "--set", "rounds=2", "--set", "local_epochs=1", "--set", "device=cpu",
+           "--set", "num_clients=10", "--set", "fraction_fit=1.0", "--set", "aux_size=100"]
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    peak, stop = [0], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], tree_pss(proc.pid))
+            stop.wait(0.1)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    out, _ = proc.communicate(timeout=600)
+    stop.set()
+    sampler.join()
+    assert proc.returncode == 0, out
+    estimate = float(re.search(r"memory estimate: host ([0-9.]+) GiB", out).group(1)) * 2**30
+    assert 0.75 * peak[0] <= estimate <= 1.25 * peak[0], (estimate / 2**20, peak[0] / 2**20)
