@@ -117,8 +117,8 @@ class FedPersClient(NumPyClient):
                 f"being run ({self._state_horizon + 1}), and no earlier version is on disk: set "
                 "client_state_dir (or the node config's state-dir) for runs that resume")
         if arrays is not None:
-            self._cache(name, arrays, store.saved_round(name) if store.saved_round(name) is not None
-                        and store.saved_round(name) <= horizon else None)
+            on_disk = store.saved_round(name)  # the current file's round; None when the previous one was used
+            self._cache(name, arrays, on_disk if on_disk is not None and on_disk <= horizon else None)
             log(INFO, "fedpers: client %d restored state '%s' from %s", self.partition_id, name, store.path(name))
         return arrays
 

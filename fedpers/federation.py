@@ -122,12 +122,16 @@ class Federation:
                          "test": np.bincount(y_test[te], minlength=c).tolist()}
                 for k, (tr, te) in enumerate(zip(self.partition.train, self.partition.test))}
 
-    def test_positions(self) -> list[np.ndarray]:
-        """Positions of each client's test samples within :meth:`test` (same order as the client's split)."""
+    @functools.cached_property
+    def _test_positions(self) -> list[np.ndarray]:
         if self.partition.index_space == "split":
             return [np.asarray(t, dtype=np.int64) for t in self.partition.test]
         union = np.sort(np.concatenate(self.partition.test))
         return [np.searchsorted(union, t) for t in self.partition.test]
+
+    def test_positions(self) -> list[np.ndarray]:
+        """Positions of each client's test samples within :meth:`test` (same order as the client's split)."""
+        return self._test_positions
 
     # --- domain ids (feature-skew data; None for single-domain data) ------------------------------------
     def test_domains(self) -> np.ndarray | None:

@@ -220,16 +220,13 @@ class FedPersStrategy(FedAvg):
         acc, loss = accuracy_and_loss(logits, test.y)
         self._round["global_acc"] = acc
         if self.personalized_is_global:
-            self._round["per_client_from_global"] = self.per_client_accuracy(logits.argmax(dim=1) == test.y)
-            self._round["eval_counts"] = {pid: len(pos) for pid, pos in enumerate(self.federation.test_positions())}
+            positions = self.federation.test_positions()
+            correct = (logits.argmax(dim=1) == test.y).cpu().numpy()
+            # each client's accuracy: the mean over the positions of its own test split in the union
+            self._round["per_client_from_global"] = {pid: float(correct[pos].mean())
+                                                     for pid, pos in enumerate(positions) if len(pos)}
+            self._round["eval_counts"] = {pid: len(pos) for pid, pos in enumerate(positions)}
         return loss, {"global_acc": acc}
-
-    def per_client_accuracy(self, correct) -> dict[int, float]:
-        """Each client's accuracy from ``correct``, one boolean per sample of :meth:`Federation.test` (in
-        its order): the mean over the positions of the client's own test split."""
-        correct = np.asarray(correct.cpu() if hasattr(correct, "cpu") else correct, dtype=bool)
-        return {pid: float(correct[pos].mean()) for pid, pos in enumerate(self.federation.test_positions())
-                if len(pos)}
 
     def configure_evaluate(self, server_round: int, parameters: Parameters,
                            client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:

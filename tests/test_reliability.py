@@ -25,10 +25,12 @@ TINY = ["dataset=digits", "num_clients=3", "fraction_fit=1.0", "local_epochs=1",
         "aux_size=100", "alpha=1.0", "feature_dim=64", "device=cpu", "method=fedper"]
 
 
+ENV = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
+
+
 def fedpers(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
     return subprocess.run([sys.executable, "-m", "fedpers.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, env=env)
+                          timeout=timeout, cwd=ROOT, env=ENV)
 
 
 def sets(*items: str) -> list[str]:
@@ -66,26 +68,38 @@ def _session_processes(sid: int) -> list[str]:
     return [line for line in out.splitlines() if line.split(None, 2)[1:2] == [str(sid)]]
 
 
-@pytest.mark.simulation
-def test_sigint_after_the_first_round_ends_the_run(tmp_path):
-    out = tmp_path / "run"
-    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "fedpers.cli", "run", *sets("rounds=200"), "--out", str(out)],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # its own session: every process it starts is findable
+def _first_metrics(out: Path) -> Path | None:
+    """The metrics.jsonl under ``out`` once it holds a finished round."""
+    found = [p for p in out.rglob("metrics.jsonl") if p.read_text().strip()] if out.exists() else []
+    return found[0] if found else None
+
+
+def interrupt_after_first_round(args: list[str], out: Path, *, settle: float = 0.0,
+                                timeout: float = 90) -> tuple[subprocess.Popen, float, str]:
+    """Start ``fedpers ARGS`` in its own session (so that every process it starts can be found), send it
+    SIGINT once a round is in ``out`` (and ``settle`` seconds more); return it, the seconds it took to exit
+    and its stderr."""
+    proc = subprocess.Popen([sys.executable, "-m", "fedpers.cli", *args], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and not (out / "metrics.jsonl").is_file() or \
-                not (out / "metrics.jsonl").read_text().strip():
-            assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its first round"
+        while _first_metrics(out) is None:
+            assert proc.poll() is None and time.monotonic() < deadline, "it ended before its first round"
             time.sleep(0.2)
+        time.sleep(settle)
         sent = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=60)
-        took = time.monotonic() - sent
+        _, stderr = proc.communicate(timeout=timeout)
+        return proc, time.monotonic() - sent, stderr
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.simulation
+def test_sigint_after_the_first_round_ends_the_run(tmp_path):
+    out = tmp_path / "run"
+    proc, took, stderr = interrupt_after_first_round(["run", *sets("rounds=200"), "--out", str(out)], out, timeout=60)
     assert proc.returncode == 130, stderr
     assert took < 30, f"exit took {took:.1f} s after SIGINT"
     assert "interrupted" in stderr and "Traceback" not in stderr
@@ -101,23 +115,8 @@ def test_sigint_ends_a_sweep_and_its_run_and_the_sweep_resumes_inside_the_run(tm
     sweep.write_text("base: {rounds: 200, num_clients: 3, fraction_fit: 1.0, local_epochs: 1, aux_size: 100, "
                      "feature_dim: 64, device: cpu}\ndatasets: [digits]\nalphas: [1.0]\nseeds: [0]\nmethods: [fedper]\n")
     out = tmp_path / "sweep"
-    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "fedpers.cli", "sweep", str(sweep), "--out", str(out)],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        deadline = time.monotonic() + 240
-        while not list(out.rglob("metrics.jsonl")) or not list(out.rglob("metrics.jsonl"))[0].read_text().strip():
-            assert proc.poll() is None and time.monotonic() < deadline, "the sweep ended before a round"
-            time.sleep(0.2)
-        time.sleep(1.0)  # a round or more, so that the checkpoint exists
-        sent = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=90)
-        took = time.monotonic() - sent
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    # a round or more after the first, so that the checkpoint exists
+    proc, took, stderr = interrupt_after_first_round(["sweep", str(sweep), "--out", str(out)], out, settle=1.0)
     assert proc.returncode == 130 and took < 45, (proc.returncode, took, stderr)
     time.sleep(3)
     assert _session_processes(proc.pid) == []
