@@ -87,8 +87,9 @@ def resolve(args: argparse.Namespace) -> Config:
     return load_config(args.config, args.sets, **extra)
 
 
-def preflight(cfg: Config) -> None:
-    """Everything that can fail on bad input, done before Ray starts: device, data, partition."""
+def preflight(cfg: Config, *, simulation: bool = True) -> None:
+    """Everything that can fail on bad input, done before Ray starts: device, data, partition, out dir and,
+    for a simulation, memory."""
     from fedpers.federation import get_federation
     from fedpers.training import resolve_device
 
@@ -105,7 +106,8 @@ def preflight(cfg: Config) -> None:
 
         nodes = check_data_on_nodes(cfg)
         print(f"fedpers | Ray cluster {cfg.ray_address}: {nodes} nodes can read the data", flush=True)
-    check_memory(cfg, fed)
+    if simulation:
+        check_memory(cfg, fed)
     sizes = [len(t) for t in fed.partition.train]
     print(f"fedpers | {cfg.method} on {fed.dataset.name}: {fed.num_clients} clients "
           f"({min(sizes)}-{max(sizes)} train samples each), |Ds|={len(fed.partition.aux)}, "
@@ -232,7 +234,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         raise FedpersError("--clients must be >= 1")
     cfg = load_config(args.config, args.sets + [f"num_clients={args.clients}"], out_dir=args.out,
                       **({"overwrite": True} if args.overwrite else {}))
-    preflight(cfg)
+    preflight(cfg, simulation=False)
     t0 = time.perf_counter()
     summary = deploy.deploy_local(cfg, args.clients, args.out, isolation=args.isolation, timeout=args.timeout)
     metric = summary["metric"]
