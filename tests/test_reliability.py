@@ -64,8 +64,10 @@ def finished_run(tmp_path_factory) -> Path:
 
 # --- 1. Ctrl-C ends the run within seconds, exit 130, whole lines, nothing left behind -------------------
 def _session_processes(sid: int) -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid=,sid=,args="], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if line.split(None, 2)[1:2] == [str(sid)]]
+    """Live processes of session ``sid`` (zombies are dead already: they wait only for init to reap them)."""
+    out = subprocess.run(["ps", "-eo", "pid=,sid=,stat=,args="], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines()
+            if line.split(None, 3)[1:2] == [str(sid)] and not line.split(None, 3)[2].startswith("Z")]
 
 
 def _first_metrics(out: Path) -> Path | None:
@@ -79,8 +81,11 @@ def interrupt_after_first_round(args: list[str], out: Path, *, settle: float = 0
     """Start ``fedpers ARGS`` in its own session (so that every process it starts can be found), send it
     SIGINT once a round is in ``out`` (and ``settle`` seconds more); return it, the seconds it took to exit
     and its stderr."""
+    # SIGINT as a terminal's Ctrl-C finds it: a test runner started in the background (`make test &` in a
+    # non-interactive shell) ignores SIGINT, and a child would inherit that
     proc = subprocess.Popen([sys.executable, "-m", "fedpers.cli", *args], cwd=ROOT, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 240
         while _first_metrics(out) is None:
