@@ -64,7 +64,8 @@ def estimate(cfg, federation, client_cls: type, model, *, cpus: int | None = Non
     p = federation.partition
     per_sample = data.x_train[:1].nbytes + 8
     clients_data = per_sample * sum(len(t) + len(e) for t, e in zip(p.train, p.test))
-    server_data = per_sample * (len(federation.test(_cpu()).y) + len(p.aux))
+    global_test = len(data.y_test) if p.index_space == "split" else sum(len(e) for e in p.test)
+    server_data = per_sample * (global_test + len(p.aux))
     model_bytes = FLOAT * sum(v.numel() for v in model.state_dict().values())
     cpus = cpus or os.cpu_count() or 1
     actors = max(1, min(federation.num_clients, int(cpus // max(cfg.client_cpus, 1e-9))))
@@ -98,12 +99,6 @@ def _cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
-
-
-def _cpu():
-    import torch
-
-    return torch.device("cpu")
 
 
 # --- measuring a process tree ---------------------------------------------------------------------------------
