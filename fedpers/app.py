@@ -41,9 +41,7 @@ def server_fn(context: Context) -> ServerAppComponents:
     """Build the method's Strategy, its results writer and the number of rounds."""
     cfg = config_of(context)
     federation = get_federation(cfg)
-    state = checkpoint_to_resume(cfg)  # checked before the results writer touches out_dir
-    check_out_dir(cfg.out_dir, overwrite=cfg.overwrite, resume=cfg.resume,
-                  checkpoint_file=checkpoint_path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None)
+    state = check_run_dir(cfg)  # before the results writer touches out_dir
     writer = ResultsWriter(cfg.out_dir, tensorboard=cfg.tensorboard, wandb=cfg.wandb,
                            wandb_project=cfg.wandb_project, config=cfg.to_dict())
     save_partition(writer.out_dir / "partition.npz", federation.partition, dataset=Path(cfg.dataset).name,
@@ -58,6 +56,15 @@ def server_fn(context: Context) -> ServerAppComponents:
 
         log(INFO, "fedpers: resume=true but no checkpoint in %s yet: starting at round 1", cfg.checkpoint_dir)
     return ServerAppComponents(strategy=strategy, config=config)
+
+
+def check_run_dir(cfg: Config) -> dict | None:
+    """The output directory (:func:`fedpers.rundir.check_out_dir`), then the checkpoint a resume continues
+    from: both checked before anything is written (by the CLI before the engine starts, by the ServerApp
+    before its results writer opens a file). Returns the checkpoint to resume from, or None."""
+    check_out_dir(cfg.out_dir, overwrite=cfg.overwrite, resume=cfg.resume,
+                  checkpoint_file=checkpoint_path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None)
+    return checkpoint_to_resume(cfg)
 
 
 def checkpoint_to_resume(cfg: Config) -> dict | None:

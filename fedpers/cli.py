@@ -90,15 +90,15 @@ def resolve(args: argparse.Namespace) -> Config:
 def preflight(cfg: Config, *, simulation: bool = True) -> None:
     """Everything that can fail on bad input, done before Ray starts: device, data, partition, out dir and,
     for a simulation, memory."""
+    from fedpers.app import check_run_dir
     from fedpers.federation import get_federation
     from fedpers.training import resolve_device
 
     resolve_device(cfg.device)
     if cfg.wandb != "off":
-        import importlib.util
+        from fedpers.results import wandb_module
 
-        if importlib.util.find_spec("wandb") is None:
-            raise FedpersError("config key 'wandb': needs the wandb package: pip install 'fedpers[wandb]'")
+        wandb_module()  # the optional extra is there, before the engine starts
     check_run_dir(cfg)
     fed = get_federation(cfg)
     if cfg.ray_address:
@@ -138,17 +138,6 @@ def check_memory(cfg: Config, fed) -> None:
         if need.gpu > gpu_free:
             raise FedpersError(f"the run needs about {need.gpu / 2**30:.1f} GiB of GPU memory but "
                                f"{gpu_free / 2**30:.1f} GiB are free: raise client_gpus (fewer actors per GPU)")
-
-
-def check_run_dir(cfg: Config) -> None:
-    """The output directory and, for a resume, the checkpoint: checked before anything is written."""
-    from fedpers.app import checkpoint_to_resume
-    from fedpers.checkpoint import checkpoint_path
-    from fedpers.rundir import check_out_dir
-
-    check_out_dir(cfg.out_dir, overwrite=cfg.overwrite, resume=cfg.resume,
-                  checkpoint_file=checkpoint_path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None)
-    checkpoint_to_resume(cfg)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

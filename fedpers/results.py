@@ -110,14 +110,20 @@ class ResultsWriter:
                        title=f"{summary.get('method', '')} on {Path(str(summary.get('dataset', ''))).name}")
 
 
-def _start_wandb(out_dir: Path, mode: str, project: str, config: dict[str, Any]):
-    """A Weights & Biases run writing into ``out_dir/wandb`` (``offline``: no network, sync later)."""
+def wandb_module():
+    """The wandb package, or a ConfigError naming the optional extra that provides it."""
     try:
         import wandb
     except ImportError:
         from fedpers.errors import ConfigError
 
         raise ConfigError("config key 'wandb': needs the wandb package: pip install 'fedpers[wandb]'") from None
+    return wandb
+
+
+def _start_wandb(out_dir: Path, mode: str, project: str, config: dict[str, Any]):
+    """A Weights & Biases run writing into ``out_dir/wandb`` (``offline``: no network, sync later)."""
+    wandb = wandb_module()
     os.environ.setdefault("WANDB_SILENT", "true")
     return wandb.init(project=project, mode=mode, dir=str(out_dir), config=config,
                       name=f"{config.get('method', 'run')}-{out_dir.name}", reinit="finish_previous")

@@ -158,9 +158,9 @@ def adapt_head_copy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps
     if steps > 0 and len(x) > 0:
         batches = step_batches(len(x), batch_size, steps, generator, x.device)
         used, where = torch.unique(torch.cat(batches), return_inverse=True)
-        feats = backbone_features(model, x[used])
+        feats, labels = backbone_features(model, x[used]), y[used]
         positions = torch.split(where, [len(b) for b in batches])
-        _head_sgd(head, ((feats[pos], y[used][pos]) for pos in positions), lr)
+        _head_sgd(head, ((feats[pos], labels[pos]) for pos in positions), lr)
     return head
 
 
