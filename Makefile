@@ -41,7 +41,7 @@ bench-mnist: $(STAMP)
 	$(BIN)/python benchmarks/mnist_table2.py --rounds 10
 
 # docker-compose.yml up on a local Debian base image (no Docker Hub), a short run through the proxy, the
-# refusals, teardown; output in deploy/compose/compose-check.out.
+# refusals, teardown; output in deploy/compose/compose-check-<UTC time>.out.
 compose-check: $(STAMP)
 	FEDPERS_BIN=$(abspath $(BIN)) deploy/compose/check.sh
 

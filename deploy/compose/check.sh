@@ -6,12 +6,14 @@
 #  5. run finished + metrics in the results volume, 6. what must be refused is refused,
 #  7. teardown by project name (always, also on failure or Ctrl-C).
 # Env: FEDPERS_BIN (dir with fedpers and flwr; default .venv/bin), CHECK_OUT (log; default
-# deploy/compose/compose-check.out), CHECK_PROJECT (default fedpers-check), KEEP_CHECK_DIR=1.
+# deploy/compose/compose-check-<UTC time>.out, never an existing file), CHECK_PROJECT (default
+# fedpers-check), KEEP_CHECK_DIR=1.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BIN="${FEDPERS_BIN:-.venv/bin}"
 PROJECT="${CHECK_PROJECT:-fedpers-check}"
-OUT="${CHECK_OUT:-deploy/compose/compose-check.out}"
+OUT="${CHECK_OUT:-deploy/compose/compose-check-$(date -u +%Y%m%dT%H%M%SZ).out}"
+if [ -e "$OUT" ]; then echo "compose-check: $OUT exists (a committed result is never overwritten): set CHECK_OUT"; exit 2; fi
 WORK="$(mktemp -d /tmp/fedpers-compose-check.XXXXXX)"
 export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 # This checkout's code for `fedpers deploy certs` and for `flwr run`'s check of the app's components (the
