@@ -4,6 +4,10 @@ Kept apart from the ServerApp (``fedpers.app``) because a deployed SuperNode sta
 process for every message: this module imports only what a client needs (no ``flwr.server``, no
 results writer, no plotting), and the method's client class is imported from the registry by name.
 
+With a state directory (node config ``state-dir`` or ``client_state_dir``) every message after a node's
+first reads only that client's own samples (:func:`fedpers.federation.use_client_slice`), not the whole
+dataset and its split.
+
 ``FEDPERS_MESSAGE_TIMING=<file>`` in a ClientApp's environment appends one JSON line per message to
 ``<file>``: when the process started, when Flower handed it the message (imports done), when the client
 was built (data and model loaded) and when the reply was ready; ``benchmarks/deploy_cost.py`` reads it.
@@ -21,6 +25,7 @@ from flwr.app import Context, Message
 from flwr.client import ClientApp
 
 from fedpers.config import Config, from_run_config
+from fedpers.federation import use_client_slice
 from fedpers.registry import client_class_for
 
 TIMING_ENV = "FEDPERS_MESSAGE_TIMING"
@@ -78,4 +83,15 @@ def message_timing(msg: Message, context: Context, call_next) -> Message:
     return reply
 
 
-client_app = ClientApp(client_fn=client_fn, mods=[message_timing])
+def own_samples_only(msg: Message, context: Context, call_next) -> Message:
+    """ClientApp mod: while this message is handled, the client's data comes from its saved slice."""
+    pid = context.node_config.get("partition-id")
+    if not isinstance(pid, int) and not str(pid).isdigit():
+        return call_next(msg, context)  # the client reports a missing or bad partition id itself
+    cfg = config_of(context)
+    state_dir = str(context.node_config.get("state-dir", "") or cfg.client_state_dir)
+    with use_client_slice(cfg, int(pid), state_dir):
+        return call_next(msg, context)
+
+
+client_app = ClientApp(client_fn=client_fn, mods=[message_timing, own_samples_only])

@@ -132,3 +132,71 @@ def test_message_timing_mod_logs_one_line_per_message(tmp_path, monkeypatch):
     assert record["process_start"] is None or record["process_start"] <= record["handed_over"]
     monkeypatch.delenv(client_app.TIMING_ENV)
     assert client_app.message_timing(msg, ctx, handler) == "reply" and len(log.read_text().splitlines()) == 1
+
+
+def _digits_cfg(**extra):
+    from fedpers.config import build_config
+    from tests.conftest import tiny_overrides
+
+    return build_config(tiny_overrides(method="fedper", **extra))
+
+
+def test_client_slice_is_that_clients_exact_samples(tmp_path, monkeypatch):
+    import torch
+
+    from fedpers import federation as fedmod
+
+    cfg = _digits_cfg()
+    full = fedmod.get_federation(cfg).client(1, torch.device("cpu"))
+    monkeypatch.setattr(fedmod, "_built", set())  # a fresh ClientApp process: nothing built yet
+    with fedmod.use_client_slice(cfg, 1, str(tmp_path)):  # first message of the node: builds, saves
+        assert isinstance(fedmod.get_federation(cfg), fedmod.Federation)
+    (saved,) = (tmp_path / "data").iterdir()
+    assert saved.name == f"partition-1-{fedmod.data_key(cfg)}.npz"
+    assert not (tmp_path / "partition-1").exists()  # the client-state folder holds client state only
+    monkeypatch.setattr(fedmod, "_built", set())  # the next message's fresh process
+    with fedmod.use_client_slice(cfg, 1, str(tmp_path)):
+        view = fedmod.get_federation(cfg)
+        assert isinstance(view, fedmod.ClientSlice)
+        assert (view.num_clients, view.num_classes, view.input_shape) == (3, 10, (1, 8, 8))
+        mine = view.client(1, torch.device("cpu"))
+        for a, b in ((mine.train, full.train), (mine.test, full.test)):
+            assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+        with pytest.raises(Exception, match="partition 1 asked for partition 2"):
+            view.client(2, torch.device("cpu"))
+        assert not fedmod._built  # the whole dataset was not loaded
+        other = _digits_cfg(alpha=0.3)  # another split: not this slice
+        assert isinstance(fedmod.get_federation(other), fedmod.Federation)
+    assert isinstance(fedmod.get_federation(cfg), fedmod.Federation)  # outside the block: as always
+
+
+def test_client_slice_is_skipped_where_the_federation_is_in_memory_and_rebuilt_when_corrupt(tmp_path, monkeypatch):
+    from fedpers import federation as fedmod
+
+    cfg = _digits_cfg()
+    fedmod.get_federation(cfg)  # a simulation actor already holds the whole Federation
+    with fedmod.use_client_slice(cfg, 0, str(tmp_path)):
+        assert isinstance(fedmod.get_federation(cfg), fedmod.Federation)
+    assert not (tmp_path / "data").exists()  # nothing written
+    monkeypatch.setattr(fedmod, "_built", set())
+    path = fedmod.client_slice_path(tmp_path, 0, fedmod.data_key(cfg))
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"half a file")
+    with fedmod.use_client_slice(cfg, 0, str(tmp_path)):
+        assert isinstance(fedmod.get_federation(cfg), fedmod.Federation)  # unreadable: built from the data
+    monkeypatch.setattr(fedmod, "_built", set())
+    with fedmod.use_client_slice(cfg, 0, str(tmp_path)):
+        assert isinstance(fedmod.get_federation(cfg), fedmod.ClientSlice)  # and saved whole this time
+
+
+def test_data_key_follows_the_data_files(tmp_path):
+    import os
+
+    from fedpers.federation import data_key
+
+    npz = tmp_path / "mine.npz"
+    npz.write_bytes(b"x")
+    cfg = _digits_cfg(dataset=str(npz))
+    before = data_key(cfg)
+    os.utime(npz, ns=(1, 1))  # the same path, another file
+    assert data_key(cfg) != before and data_key(_digits_cfg()) != data_key(_digits_cfg(seed=1))
