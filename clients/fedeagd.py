@@ -1,4 +1,4 @@
-"""FedEAGD client (paper summary in ``shared/papers/fedeagd-summary.txt``; math in ``fedpers/fedeagd.py``).
+"""FedEAGD client (paper summary in ``shared/papers/fedeagd-summary.txt``; math in ``fedpers/algorithms/fedeagd.py``).
 
 Per round the client
 
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from clients.base import FedPersClient
-from fedpers.fedeagd import ema_update, fedeagd_coefficients, fusion_coefficient, historical_distillation
+from fedpers.algorithms.fedeagd import ema_update, fedeagd_coefficients, fusion_coefficient, historical_distillation
 from fedpers.models import set_arrays
 from fedpers.training import eval_mode_features, frozen_copy
 
@@ -42,6 +42,7 @@ class FedEAGDClient(FedPersClient):
     download_part = "backbone"
     upload_part = "backbone"
     persistent_part = "personal"
+    model_kind = "se_cnn"
 
     def __init__(self, cfg, context):
         super().__init__(cfg, context)

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from clients.base import FedPersClient, arrays_digest
+from fedpers.algorithms.pfedsim import warmup_rounds
 from fedpers.models import get_arrays, parameter_names, set_arrays
 from fedpers.training import evaluate
-from strategies.pfedsim import warmup_rounds
 
 LOCAL_STATE = "pfedsim_local"
 

@@ -2,7 +2,7 @@
 
 Receives x and c; keeps its control variate c_i in ``context.state`` (``scaffold_ci``, 0 at first
 participation). Local steps follow ``y <- y - eta_l (g_i(y) - c_i + c)`` (line 10): the correction
-``c - c_i`` enters the gradient through :func:`fedpers.optimizers.linear_term`, so the task loss (CE, or
+``c - c_i`` enters the gradient through :func:`fedpers.algorithms.server_state.linear_term`, so the task loss (CE, or
 JDFL's joint-label loss) is unchanged. After K local steps: ``c_i+ = c_i - c + (x - y_i)/(K eta_l)``
 (line 12, option II); uploads y_i and Delta c_i = c_i+ - c_i and stores c_i+.
 
@@ -18,9 +18,10 @@ import numpy as np
 import torch
 
 from clients.fedavg import FedAvgClient
+from fedpers.algorithms.scaffold import scaffold_client_control, scaffold_correction
+from fedpers.algorithms.server_state import linear_term, local_steps, zeros_like
 from fedpers.errors import ClientUpdateError
 from fedpers.models import get_arrays, parameter_names
-from fedpers.optimizers import linear_term, local_steps, scaffold_client_control, scaffold_correction, zeros_like
 
 
 def params_in_state_order(model: torch.nn.Module) -> list[torch.nn.Parameter]:

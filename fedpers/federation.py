@@ -12,10 +12,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedpers.config import Config
 from fedpers.data import Dataset, load_dataset
 from fedpers.errors import DataError
 from fedpers.partition import Partition, load_partition, make_partition
+from fedpers.schema import Config
 
 # Config keys that determine the data and the split (nothing else may change them).
 DATA_KEYS = ("dataset", "data_dir", "partition", "partition_file", "alpha", "classes_per_client",
@@ -183,11 +183,4 @@ def _federation(dataset: str, data_dir: str, partition: str, partition_file: str
 
 def get_federation(cfg: Config) -> Federation:
     """The run's Federation, loaded and split once per process."""
-    fed = _federation(*(cfg[k] for k in DATA_KEYS))
-    from fedpers.registry import get_method
-
-    spec = get_method(cfg.method)
-    if spec.needs_aux and len(fed.partition.aux) == 0:
-        source = f"partition file {cfg.partition_file}" if cfg.partition == "file" else "this split"
-        raise DataError(f"method '{cfg.method}' needs the server's auxiliary set Ds, but {source} leaves none")
-    return fed
+    return _federation(*(cfg[k] for k in DATA_KEYS))

@@ -1,4 +1,4 @@
-"""Shared server side of every fedpers method: a Flower ``FedAvg`` strategy that
+"""Shared server side of every fedpers method: a Flower ``Strategy`` (the public legacy API) that
 
 * samples clients reproducibly by partition id (seeded per round),
 * validates every update (count, shapes, dtype, finiteness, sample count) and drops bad ones with a log
@@ -29,21 +29,20 @@ from flwr.common import (
     GetPropertiesIns,
     Parameters,
     Scalar,
+    log,
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
-from flwr.common.logger import log
-from flwr.server.client_manager import ClientManager
+from flwr.server import ClientManager
 from flwr.server.client_proxy import ClientProxy
-from flwr.server.strategy import FedAvg
+from flwr.server.strategy import Strategy
 
-from fedpers.config import Config
 from fedpers.errors import FedpersError
 from fedpers.federation import Federation
 from fedpers.models import Part, array_shapes, build_model, get_arrays, set_arrays
 from fedpers.progress import format_round_line
-from fedpers.registry import get_method, model_kind_of
 from fedpers.results import ACCURACY_PREFIXES, ResultsWriter, accuracy_summary
+from fedpers.schema import Config
 from fedpers.training import accuracy_and_loss, predict_logits, resolve_device
 from fedpers.validation import aggregate_updates, update_problem
 
@@ -55,7 +54,7 @@ def parameters_nbytes(parameters: Parameters) -> int:
     return sum(len(t) for t in parameters.tensors)
 
 
-class FedPersStrategy(FedAvg):
+class FedPersStrategy(Strategy):
     """Base strategy: see module docstring."""
 
     download_part: Part = "all"
@@ -66,18 +65,16 @@ class FedPersStrategy(FedAvg):
     # model on the union of the clients' test splits, instead of each client repeating that forward pass
     # on its own slice of it (no evaluate messages are sent).
     personalized_is_global: bool = False
+    metric: str = "personalized_macro_acc"  # the headline metric of summary.json (FedAvg's family: global_acc)
+    model_kind: str = "cnn"  # fedpers.models.build_model kind, unless cfg.model_kind says otherwise
 
     def __init__(self, cfg: Config, federation: Federation, writer: ResultsWriter | None = None):
-        k = federation.num_clients
-        super().__init__(fraction_fit=cfg.fraction_fit, fraction_evaluate=1.0, min_fit_clients=1,
-                         min_evaluate_clients=k, min_available_clients=k, accept_failures=True)
         self.cfg = cfg
-        self.spec = get_method(cfg.method)
         self.federation = federation
         self.writer = writer
         self.device = resolve_device(cfg.device)
         self.model = build_model(federation.input_shape, federation.num_classes, feature_dim=cfg.feature_dim,
-                                 dropout=cfg.dropout, seed=cfg.seed, kind=model_kind_of(cfg)).to(self.device)
+                                 dropout=cfg.dropout, seed=cfg.seed, kind=cfg.model_kind or self.model_kind).to(self.device)
         self.upload_shapes = array_shapes(self.model, self.upload_part)
         self.partition_of: dict[str, int] = {}  # Flower node id -> partition id
         self.last_fit_digest: dict[int, str] = {}  # partition id -> digest of its state after its last fit
@@ -358,7 +355,7 @@ class FedPersStrategy(FedAvg):
             "method": self.cfg.method,
             "dataset": self.cfg.dataset,
             "rounds": self.cfg.rounds,
-            "metric": self.spec.metric,
+            "metric": self.metric,
             "final": final,
             **accuracy_summary(self.history),  # best (and its round) and mean of the last evaluated rounds
             "client_label_counts": self.federation.client_label_counts(),
@@ -374,7 +371,7 @@ class FedPersStrategy(FedAvg):
         }
         if self.writer is not None:
             self.writer.write_summary(summary, self.history)
-        log(INFO, "fedpers: %s final %s = %s", self.cfg.method, self.spec.metric, final.get(self.spec.metric))
+        log(INFO, "fedpers: %s final %s = %s", self.cfg.method, self.metric, final.get(self.metric))
 
 
 def weighted_mean(per_client: dict[int, float], counts: dict[int, int]) -> float | None:

@@ -4,15 +4,16 @@ Broadcast: the global model w and the average update-rate state g (one array per
 start). Upload: the drift-corrected local model theta_i + h_i and the change Delta g_i of the client's
 update-rate state. Server: ``w = mean_i(theta_i + h_i)`` (config's aggregation rule; sample-weighted by
 default, the paper's plain mean for equal sizes) and ``g <- g + (1/N) sum_i Delta g_i`` (the average of
-all N clients' g_i, kept incrementally as in the authors' code; :func:`fedpers.optimizers.feddc_server_state`).
+all N clients' g_i, kept incrementally as in the authors' code; :func:`fedpers.algorithms.feddc.feddc_server_state`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from fedpers.algorithms.feddc import feddc_server_state
+from fedpers.algorithms.server_state import zeros_like
 from fedpers.models import array_shapes, get_arrays, set_arrays
-from fedpers.optimizers import feddc_server_state, zeros_like
 from strategies.scaffold import ServerStateStrategy
 
 

@@ -2,7 +2,7 @@
 
 No model weights travel. Each sampled client uploads its class prototypes (mean backbone feature per
 class, C x d) and its class counts (C,); the server forms the global prototypes as the count-weighted
-per-class mean of the uploads (Eq. 6, :func:`fedpers.baselines_more.aggregate_prototypes`) and
+per-class mean of the uploads (Eq. 6, :func:`fedpers.algorithms.prototypes.aggregate_prototypes`) and
 broadcasts them with a 0/1 availability mask (C,) of the classes that have one. The whole model stays on
 each client (``clients/fedproto.py``), so there is no global model and no global accuracy; the method is
 judged by personalized macro accuracy (nearest-prototype inference).
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from fedpers.baselines_more import aggregate_prototypes
+from fedpers.algorithms.prototypes import aggregate_prototypes
 from strategies.base import FedPersStrategy
 
 

@@ -29,25 +29,18 @@ from typing import Any
 import numpy as np
 import torch
 from flwr.common import FitIns, ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.common.logger import log
+from flwr.common import log
 
 from fedpers.errors import FedpersError
-from fedpers.jdfl import (adjusted_rand_index, centroid_similarity_weights, class_only_predictions, default_alpha,
-                          discover_domains, graded_domain_row, hard_domain_row, per_domain_accuracy)
+from fedpers.algorithms.jdfl import (adjusted_rand_index, centroid_similarity_weights, class_only_predictions,
+                                     default_alpha, discover_domains, graded_domain_row, hard_domain_row,
+                                     marginal_class_log_probs, per_domain_accuracy)
+from fedpers import seeds
 from fedpers.models import array_shapes, expand_head, get_arrays, layer_subset_names
 from fedpers.training import predict_logits
 from fedpers.validation import update_problem
 from strategies.base import parameters_nbytes
 
-HEAD_SEED_OFFSET = 7919  # seed stream of the expanded head's init (server and clients agree via the broadcast)
-
-
-def marginal_class_log_probs(logits: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """log p(c | x) = logsumexp_d log softmax(logits)_{j(d, c)}: the class marginal of the joint softmax
-    (used for the evaluation loss only; accuracy is class-only argmax)."""
-    m = logits.shape[1] // num_classes
-    log_p = torch.log_softmax(logits, dim=1).view(len(logits), m, num_classes)
-    return torch.logsumexp(log_p, dim=1)
 
 
 class JDFLStrategyMixin:
@@ -123,7 +116,7 @@ class JDFLStrategyMixin:
         log(INFO, "JDFL discovery: M=%d (%s), z=%s, ARI=%s", m, self.jdfl_info.get("criterion", "given"),
             self.jdfl_info["assignments"], ari)
         num_classes = self.federation.num_classes
-        expand_head(self.model, m * num_classes, seed=cfg.seed + HEAD_SEED_OFFSET)
+        expand_head(self.model, m * num_classes, seed=cfg.seed + seeds.JDFL_HEAD_OFFSET)
         if hasattr(self, "reset_model_state"):
             self.reset_model_state()  # optimizer state (SCAFFOLD c, FedDyn h, ...) for the new shapes
         else:

@@ -6,10 +6,10 @@
   keeps every client's last uploaded model (feature extractor and classifier; the warm-up model until a
   client uploads) and a similarity matrix S (identity at the start). Each sampled client k gets its own
   broadcast (a per-client ``FitIns``): the models of all clients averaged with the weights
-  :func:`fedpers.baselines_more.pfedsim_weights` of row k of S (its own model while it has no positive
+  :func:`fedpers.algorithms.pfedsim.pfedsim_weights` of row k of S (its own model while it has no positive
   similarity). The client uses the feature extractor and keeps its own classifier
   (``clients/pfedsim.py``). After the round, ``S_ij = max(0, mean_c cos(W_i[c], W_j[c]))`` for every
-  pair of clients that uploaded in it (:func:`fedpers.baselines_more.classifier_similarity`, on the
+  pair of clients that uploaded in it (:func:`fedpers.algorithms.pfedsim.classifier_similarity`, on the
   classifier weights).
 
 ``bytes_down`` sums what is actually sent to each client. Evaluation broadcasts the frozen warm-up model;
@@ -24,15 +24,10 @@ import numpy as np
 from flwr.common import FitIns, FitRes, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_proxy import ClientProxy
 
-from fedpers.baselines_more import classifier_similarity, pfedsim_weights
+from fedpers.algorithms.pfedsim import classifier_similarity, pfedsim_weights, warmup_rounds
 from fedpers.models import get_arrays, parameter_names, set_arrays
 from fedpers.validation import update_problem, weighted_average
 from strategies.base import FedPersStrategy, parameters_nbytes
-
-
-def warmup_rounds(cfg) -> int:
-    """W = int(pfedsim_warmup x rounds): rounds 1..W are FedAvg warm-up."""
-    return int(cfg.rounds * cfg.pfedsim_warmup)
 
 
 def per_client_fit(strategy: FedPersStrategy, pairs: list[tuple[ClientProxy, FitIns]],

@@ -3,7 +3,7 @@
 Broadcast: the global model x and the server control variate c (one array per model array). Upload: the
 local model y_i and the control change Delta c_i = c_i+ - c_i. Server: ``x <- x + eta_g mean(y_i - x)``
 (``scaffold_server_lr``; eta_g = 1 gives the average of the y_i) and ``c <- c + |S|/N mean(Delta c_i)``
-(lines 16-17, :func:`fedpers.optimizers.scaffold_server_update`). The model part of the upload is
+(lines 16-17, :func:`fedpers.algorithms.scaffold.scaffold_server_update`). The model part of the upload is
 aggregated with the config's rule (sample-weighted mean by default, the paper's plain mean for equal
 client sizes); Delta c_i with the plain mean of Eq. line 17.
 
@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from fedpers.algorithms.scaffold import scaffold_server_update
+from fedpers.algorithms.server_state import zeros_like
 from fedpers.models import array_shapes, get_arrays, set_arrays
-from fedpers.optimizers import scaffold_server_update, zeros_like
 from fedpers.validation import aggregate_updates
 from strategies.fedavg import FedAvgStrategy
 

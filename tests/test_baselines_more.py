@@ -1,4 +1,4 @@
-"""Personalized baselines FedProto, pFedSim, FedAS, FedFed: their math (fedpers/baselines_more.py) on
+"""Personalized baselines FedProto, pFedSim, FedAS, FedFed: their math (fedpers/algorithms/) on
 small tensors, their clients' and strategies' defining computations without a Flower run, per-client
 state, config keys and ready configs. End-to-end runs are in test_simulation.py (parametrized over the
 registry)."""
@@ -14,31 +14,18 @@ from torch import nn
 from clients.fedas import FedASClient
 from clients.fedfed import DISTILLER_STATE, SHARED_FLAG, FedFedClient
 from clients.fedproto import FedProtoClient
-from clients.pfedsim import LOCAL_STATE as PFEDSIM_STATE
-from clients.pfedsim import PFedSimClient
-from fedpers.baselines_more import (
-    FeatureDistiller,
-    aggregate_prototypes,
-    align_backbone,
-    class_prototypes,
-    classifier_similarity,
-    fedas_alignment_loss,
-    fedfed_distill_loss,
-    fedproto_loss,
-    fisher_trace,
-    fisher_weights,
-    nearest_prototype,
-    pfedsim_weights,
-    sensitive_features,
-)
+from clients.pfedsim import LOCAL_STATE as PFEDSIM_STATE, PFedSimClient
+from fedpers.algorithms.fedas import align_backbone, fedas_alignment_loss, fisher_trace, fisher_weights
+from fedpers.algorithms.fedfed import FeatureDistiller, fedfed_distill_loss, sensitive_features, distill_rounds
+from fedpers.algorithms.fedproto import fedproto_loss, nearest_prototype
+from fedpers.algorithms.pfedsim import classifier_similarity, pfedsim_weights, warmup_rounds
+from fedpers.algorithms.prototypes import aggregate_prototypes, class_prototypes
 from fedpers.config import KEYS, build_config
 from fedpers.errors import ConfigError
 from fedpers.federation import get_federation
 from fedpers.models import get_arrays, parameter_names
 from fedpers.registry import METHODS
 from strategies.base import FedPersStrategy, parameters_nbytes
-from strategies.fedfed import distill_rounds
-from strategies.pfedsim import warmup_rounds
 from tests.conftest import TinyNet, arrays_equal, tiny_overrides, toy_data
 
 METHODS_MORE = ("fedproto", "pfedsim", "fedas", "fedfed")

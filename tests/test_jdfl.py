@@ -8,14 +8,11 @@ import torch.nn.functional as F
 from flwr.app import Context, RecordDict
 
 from fedpers.config import build_config
-from fedpers.data import load_npz
-from fedpers.domains import domain_client_map, domain_partition, load_digits_domains
+from fedpers.data import load_digits_domains, load_npz
+from fedpers.domains import domain_client_map, domain_partition
 from fedpers.errors import ConfigError, DataError
 from fedpers.federation import get_federation
-from fedpers.jdfl import (adjusted_rand_index, centroid_similarity_weights, class_of_joint, class_only_accuracy,
-                          class_only_predictions, default_alpha, discover_domains, elbow_choice, graded_domain_row,
-                          graded_targets, hard_domain_row, joint_index, random_targets, soft_target_loss,
-                          targets_from_domain_row)
+from fedpers.algorithms.jdfl import (adjusted_rand_index, centroid_similarity_weights, class_of_joint, class_only_accuracy, class_only_predictions, default_alpha, discover_domains, elbow_choice, graded_domain_row, graded_targets, hard_domain_row, joint_index, random_targets, soft_target_loss, targets_from_domain_row)
 from fedpers.models import array_shapes, build_model, layer_subset_names
 from fedpers.registry import JDFL_BASES, client_class_for, strategy_class_for
 from tests.conftest import tiny_overrides
