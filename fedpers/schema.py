@@ -4,7 +4,7 @@ run-config.
 Every hyperparameter is a flat key with a type, a default, a range and a help text. The same names are
 used in YAML, on the CLI (``fedpers run CFG --set alpha=0.5``) and in ``flwr run . --run-config``.
 Defaults follow the pFedKDH paper's Table 1 (MNIST column) where the paper gives a value; values the
-paper leaves out are marked "ours" in the help text and in the README.
+paper leaves out are marked "ours" in the help text and in docs/methods.md.
 
 Nothing here knows the registered methods: :mod:`fedpers.config` adds the checks that do (the method's
 name, what JDFL can wrap, which methods need Ds) on top of :func:`build_config`.
@@ -134,7 +134,7 @@ KEYS: tuple[Key, ...] = (
     Key("client_gpus", float, 0.0, "GPUs per simulated client, fractional allowed (Ray resources)",
         _non_negative),
     Key("ray_address", str, "",
-        "join this Ray cluster (HEAD_IP:PORT, see README) instead of starting a private local Ray"),
+        "join this Ray cluster (HEAD_IP:PORT, see docs/running.md) instead of starting a private local Ray"),
     Key("out_dir", str, "results/latest", "where metrics.jsonl and summary.json are written"),
     Key("tensorboard", bool, False, "also write each round's metrics as TensorBoard events in out_dir/tensorboard"),
     Key("wandb", str, "off",
