@@ -33,6 +33,7 @@ from fedpers.schema import Config, parse_id_list
 from fedpers.state_store import ClientStateStore, config_fingerprint
 from fedpers.training import evaluate, resolve_device, seed_everything, sgd, train_epochs
 from fedpers.validation import corrupt_update
+from fedpers.wire import server_round_of
 
 STATE_PREFIX = "fedpers."
 ROUNDS_RECORD = "saved_rounds"  # context.state ConfigRecord: state name -> round it was saved in
@@ -224,7 +225,7 @@ class FedPersClient(NumPyClient):
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
         """One round of local training; returns only ``upload_part``, keeps ``persistent_part``."""
-        server_round = int(config.get("server_round", 0))
+        server_round = server_round_of(config)
         self.begin_message(server_round, training=True)
         generator = seed_everything(self.cfg.seed, server_round, self.partition_id, seeds.CLIENT_FIT)
         self.prepare(parameters)
@@ -242,7 +243,7 @@ class FedPersClient(NumPyClient):
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
         """Accuracy of this client's personalized model on its own test split."""
-        server_round = int(config.get("server_round", 0))
+        server_round = server_round_of(config)
         self.begin_message(server_round, training=False)
         generator = seed_everything(self.cfg.seed, server_round, self.partition_id, seeds.CLIENT_EVALUATE)
         self.prepare(parameters)

@@ -39,6 +39,7 @@ from fedpers.algorithms.fedas import align_backbone, fisher_trace
 from fedpers.federation import get_federation
 from fedpers.models import get_arrays, parameter_names, set_arrays
 from fedpers.training import seed_everything
+from fedpers.wire import server_round_of
 
 
 class FedASClient(FedPersClient):
@@ -99,7 +100,7 @@ class FedASClient(FedPersClient):
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
         """As the base (which saves the whole trained model); alignment runs inside ``prepare``."""
         self._fitting = True
-        self._generator = seed_everything(self.cfg.seed, int(config.get("server_round", 0)), self.partition_id,
+        self._generator = seed_everything(self.cfg.seed, server_round_of(config), self.partition_id,
                                           seeds.FEDAS_ALIGNMENT)
         try:
             upload, n, metrics = super().fit(parameters, config)

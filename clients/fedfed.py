@@ -33,12 +33,14 @@ import torch.nn.functional as F
 
 from clients.base import FedPersClient
 from fedpers import seeds
-from fedpers.algorithms.fedfed import (FeatureDistiller, fedfed_distill_loss, sensitive_features, distill_rounds, empty_shared)
+from fedpers.algorithms.fedfed import (FeatureDistiller, fedfed_distill_loss, sensitive_features,
+                                       distill_rounds, empty_shared)
 from fedpers.errors import ClientUpdateError
 from fedpers.federation import get_federation
 from fedpers.models import get_arrays, parameter_names
 from fedpers.seeds import derived_seed
 from fedpers.training import minibatches, sgd, train_epochs
+from fedpers.wire import server_round_of
 
 DISTILLER_STATE = "fedfed_distiller"
 SHARED_FLAG = "fedfed_shared"
@@ -170,7 +172,7 @@ class FedFedClient(FedPersClient):
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
         """As the base; reports how many shared samples were trained on."""
-        self._round = int(config.get("server_round", 0))
+        self._round = server_round_of(config)
         upload, n, metrics = super().fit(parameters, config)
         metrics["shared_samples_used"] = int(len(self.shared_y)) if not self.distilling() else 0
         metrics["shared_samples_sent"] = int(len(upload[-1]))

@@ -27,6 +27,7 @@ from fedpers.federation import get_federation
 from fedpers.models import expand_head, get_arrays, layer_subset_names, parameter_names, set_arrays
 from fedpers.seeds import derived_seed
 from fedpers.training import predict_logits, seed_everything, sgd, train_epochs
+from fedpers.wire import JDFL_ROW, float_row_of, server_round_of
 
 
 class JDFLClientMixin:
@@ -39,10 +40,10 @@ class JDFLClientMixin:
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
         """Discovery message, or a training round with this client's targets."""
-        server_round = int(config.get("server_round", 0))
+        server_round = server_round_of(config)
         if config.get("jdfl_phase") == "discovery":
             return self.discovery_fit(parameters, server_round)
-        self.jdfl_row = torch.tensor([float(v) for v in str(config.get("jdfl_row", "1")).split(",")])
+        self.jdfl_row = torch.tensor(float_row_of(config, JDFL_ROW, default=(1.0,)))
         self.jdfl_generator = torch.Generator().manual_seed(
             derived_seed(self.cfg.seed, server_round, self.partition_id, seeds.JDFL_RANDOM_TARGETS))
         return super().fit(parameters, config)

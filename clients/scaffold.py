@@ -22,6 +22,7 @@ from fedpers.algorithms.scaffold import scaffold_client_control, scaffold_correc
 from fedpers.algorithms.server_state import linear_term, local_steps, zeros_like
 from fedpers.errors import ClientUpdateError
 from fedpers.models import get_arrays, parameter_names
+from fedpers.wire import server_round_of
 
 
 def params_in_state_order(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -54,7 +55,7 @@ class ServerStateClient(FedAvgClient):
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
         """Remember the round (some losses depend on it), then the base fit."""
-        self.server_round = int(config.get("server_round", 0))
+        self.server_round = server_round_of(config)
         return super().fit(parameters, config)
 
     def tensors(self, arrays: list[np.ndarray]) -> list[torch.Tensor]:

@@ -45,6 +45,7 @@ from fedpers.results import ACCURACY_PREFIXES, ResultsWriter, accuracy_summary
 from fedpers.schema import Config
 from fedpers.training import accuracy_and_loss, predict_logits, resolve_device
 from fedpers.validation import aggregate_updates, update_problem
+from fedpers.wire import round_config
 
 PERSONAL_ACC_PREFIX = "acc_"  # extra client metrics "acc_<name>" become "personalized_macro_acc_<name>"
 
@@ -166,7 +167,7 @@ class FedPersStrategy(Strategy):
         rng = np.random.default_rng([self.cfg.seed, server_round])
         chosen = [int(p) for p in sorted(rng.choice(k, size=m, replace=False)) if int(p) in proxies]
         self._round["fit_clients"] = chosen
-        ins = FitIns(parameters, {"server_round": server_round})
+        ins = FitIns(parameters, round_config(server_round))
         self._round["bytes_down"] += parameters_nbytes(parameters) * len(chosen)
         return [(proxies[p], ins) for p in chosen]
 
@@ -236,7 +237,7 @@ class FedPersStrategy(Strategy):
             self._finish_round(server_round, self._round["per_client_from_global"], {"client_state_consistent": True})
             return []
         proxies = self._proxies_by_partition(client_manager, server_round)
-        ins = EvaluateIns(parameters, {"server_round": server_round})
+        ins = EvaluateIns(parameters, round_config(server_round))
         self._round["bytes_down"] += parameters_nbytes(parameters) * len(proxies)
         return [(proxies[p], ins) for p in sorted(proxies)]
 

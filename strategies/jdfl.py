@@ -39,6 +39,7 @@ from fedpers import seeds
 from fedpers.models import array_shapes, expand_head, get_arrays, layer_subset_names
 from fedpers.training import predict_logits
 from fedpers.validation import update_problem
+from fedpers.wire import JDFL_ROW, float_row, round_config
 from strategies.base import parameters_nbytes
 
 
@@ -61,7 +62,7 @@ class JDFLStrategyMixin:
         state = self.model.state_dict()
         shapes = [tuple(state[n].shape) for n in names]
         params = ndarrays_to_parameters(get_arrays(self.model, "all"))
-        ins = FitIns(params, {"server_round": 0, "jdfl_phase": "discovery"})
+        ins = FitIns(params, round_config(0, jdfl_phase="discovery"))
         timeout = cfg.round_timeout or None
         with ThreadPoolExecutor(max_workers=min(16, max(1, len(proxies)))) as pool:
             futures = {pid: pool.submit(proxy.fit, ins, timeout=timeout, group_id=server_round)
@@ -141,7 +142,7 @@ class JDFLStrategyMixin:
         for proxy, ins in pairs:
             pid = self.partition_of[proxy.cid]
             config = {**ins.config, "jdfl_m": self.discovery["M"],
-                      "jdfl_row": ",".join(f"{v:.17g}" for v in self.client_rows.get(pid, np.ones(1)))}
+                      JDFL_ROW: float_row(self.client_rows.get(pid, np.ones(1)))}
             out.append((proxy, FitIns(ins.parameters, config)))
         return out
 
