@@ -38,7 +38,8 @@ from fedpers.federation import get_federation
 from fedpers.models import backbone_parameters, build_model, get_arrays, set_arrays
 from fedpers.results import read_metrics
 from fedpers.simulation import run_simulation
-from fedpers.training import (evaluate, frozen_copy, predict_logits, recalibrate_head, seed_everything, sgd, train_epochs)
+from fedpers.training import (evaluate, frozen_copy, predict_logits, recalibrate_head, seed_everything, sgd,
+                              train_epochs)
 from fedpers.validation import weighted_average
 
 HERE = Path(__file__).resolve().parent

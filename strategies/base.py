@@ -47,6 +47,8 @@ from fedpers.training import accuracy_and_loss, predict_logits, resolve_device
 from fedpers.validation import aggregate_updates, update_problem
 from fedpers.wire import round_config
 
+# The validated uploads of a round: partition id -> (uploaded arrays, sample count), in arrival order.
+Updates = dict[int, tuple[list[np.ndarray], int]]
 PERSONAL_ACC_PREFIX = "acc_"  # extra client metrics "acc_<name>" become "personalized_macro_acc_<name>"
 
 
@@ -93,10 +95,11 @@ class FedPersStrategy(Strategy):
         """Install the aggregated upload part in the global model (methods add server-side steps)."""
         set_arrays(self.model, aggregated, self.upload_part, source="aggregate")
 
-    def aggregate(self, server_round: int, valid: list[tuple[list[np.ndarray], int]]) -> list[np.ndarray]:
-        """Aggregate the validated updates (default: ``aggregate_updates`` with the config's rule); methods
-        that upload server state next to the model (SCAFFOLD, FedDC, FedProc) aggregate it here."""
-        return aggregate_updates(valid, self.cfg.aggregation, self.cfg.trim_fraction)
+    def aggregate(self, server_round: int, updates: Updates) -> list[np.ndarray]:
+        """Aggregate the validated updates, keyed by the partition id that sent them (default:
+        ``aggregate_updates`` with the config's rule); methods that upload server state next to the model
+        (SCAFFOLD, FedDC, FedProc) aggregate it here, per-client methods (pFedSim) keep them by client."""
+        return aggregate_updates(list(updates.values()), self.cfg.aggregation, self.cfg.trim_fraction)
 
     def summary_extras(self) -> dict[str, Any]:
         """Method-specific fields added to ``summary.json`` (default: none)."""
@@ -174,7 +177,7 @@ class FedPersStrategy(Strategy):
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
                       failures: list[Any]) -> tuple[Parameters | None, dict[str, Scalar]]:
         """Validate every update, drop the bad ones (logged), and aggregate the rest."""
-        valid: list[tuple[list[np.ndarray], int]] = []
+        valid: Updates = {}
         for proxy, res in results:
             self._round["bytes_up"] += parameters_nbytes(res.parameters)
             pid = self.partition_of.get(proxy.cid, "?")
@@ -184,18 +187,20 @@ class FedPersStrategy(Strategy):
                 arrays, problem = [], f"undecodable arrays ({type(exc).__name__})"
             else:
                 problem = update_problem(arrays, self.upload_shapes, res.num_examples, self._max_samples(pid))
+            if not problem and (not isinstance(pid, int) or pid in valid):
+                problem = "no partition id for this node" if not isinstance(pid, int) else "a second update this round"
             if problem:
                 self._round["rejected"] += 1
                 log(WARNING, "round %d: rejected update from client %s (node %s): %s",
                     server_round, pid, proxy.cid, problem)
                 continue
-            valid.append((arrays, int(res.num_examples)))
-            if isinstance(pid, int) and "node" in res.metrics:
+            valid[pid] = (arrays, int(res.num_examples))
+            if "node" in res.metrics:
                 self._round["fit_nodes"][str(pid)] = str(res.metrics["node"])
             loss = res.metrics.get("train_loss")
             if isinstance(loss, (int, float)) and math.isfinite(loss):
                 self._round["losses"].append((float(loss), int(res.num_examples)))
-            if "state_digest" in res.metrics and isinstance(pid, int):
+            if "state_digest" in res.metrics:
                 self.last_fit_digest[pid] = str(res.metrics["state_digest"])
         for failure in failures:
             self._round["failures"] += 1

@@ -19,7 +19,7 @@ import numpy as np
 from fedpers.algorithms.fedas import fisher_weights
 from fedpers.models import array_shapes
 from fedpers.validation import aggregate_updates, weighted_average
-from strategies.base import FedPersStrategy
+from strategies.base import FedPersStrategy, Updates
 
 
 class FedASStrategy(FedPersStrategy):
@@ -34,8 +34,9 @@ class FedASStrategy(FedPersStrategy):
         self.upload_shapes = array_shapes(self.model, "backbone") + [(1,)]
         self.last_weights: dict[str, float] = {}
 
-    def aggregate(self, server_round: int, valid: list[tuple[list[np.ndarray], int]]) -> list[np.ndarray]:
+    def aggregate(self, server_round: int, updates: Updates) -> list[np.ndarray]:
         """Fisher-trace-weighted mean of the uploaded backbones."""
+        valid = list(updates.values())
         models = [(arrays[:-1], n) for arrays, n in valid]
         if self.cfg.aggregation != "mean":
             return aggregate_updates(models, self.cfg.aggregation, self.cfg.trim_fraction)

@@ -14,6 +14,7 @@ import numpy as np
 from fedpers.algorithms.feddc import feddc_server_state
 from fedpers.algorithms.server_state import zeros_like
 from fedpers.models import array_shapes, get_arrays, set_arrays
+from strategies.base import Updates
 from strategies.scaffold import ServerStateStrategy
 
 
@@ -28,10 +29,10 @@ class FedDCStrategy(ServerStateStrategy):
         """Delta g_i has the model's shapes."""
         return array_shapes(self.model, "all")
 
-    def aggregate(self, server_round: int, valid):
+    def aggregate(self, server_round: int, updates: Updates):
         """w = mean(theta_i + h_i); g += |S|/N mean(Delta g_i)."""
-        models, deltas = self.split(valid)
-        self.server_state = feddc_server_state(self.server_state, self.plain_mean(deltas), len(valid),
+        models, deltas = self.split(updates)
+        self.server_state = feddc_server_state(self.server_state, self.plain_mean(deltas), len(updates),
                                                self.federation.num_clients)
         return self.aggregate_model(models)
 

@@ -14,6 +14,7 @@ import numpy as np
 from fedpers.algorithms.feddyn import feddyn_server_update
 from fedpers.algorithms.server_state import zeros_like
 from fedpers.models import get_arrays, set_arrays
+from strategies.base import Updates
 from strategies.scaffold import ServerStateStrategy
 
 
@@ -25,11 +26,11 @@ class FedDynStrategy(ServerStateStrategy):
         super().reset_model_state()
         self.h = zeros_like(get_arrays(self.model, "all"))
 
-    def aggregate(self, server_round: int, valid):
+    def aggregate(self, server_round: int, updates: Updates):
         """Alg. 1 lines 9-10."""
-        models, _ = self.split(valid)
+        models, _ = self.split(updates)
         theta, self.h = feddyn_server_update(self.h, get_arrays(self.model, "all"), self.aggregate_model(models),
-                                             num_sampled=len(valid), num_clients=self.federation.num_clients,
+                                             num_sampled=len(updates), num_clients=self.federation.num_clients,
                                              alpha=self.cfg.feddyn_alpha)
         return theta
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from fedpers.algorithms.fedproc import fedproc_global_prototypes
 from fedpers.models import set_arrays
+from strategies.base import Updates
 from strategies.scaffold import ServerStateStrategy
 
 
@@ -32,9 +33,9 @@ class FedProcStrategy(ServerStateStrategy):
         c, f = self._dims()
         return [(c, f), (c,)]
 
-    def aggregate(self, server_round: int, valid):
+    def aggregate(self, server_round: int, updates: Updates):
         """Model average; count-weighted prototype average."""
-        models, protos = self.split(valid)
+        models, protos = self.split(updates)
         previous, available = self.server_state
         prototypes, seen = fedproc_global_prototypes([(a[0], a[1]) for a, _ in protos], previous)
         self.server_state = [prototypes, np.maximum(available, seen)]

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from fedpers.algorithms.prototypes import aggregate_prototypes
-from strategies.base import FedPersStrategy
+from strategies.base import FedPersStrategy, Updates
 
 
 class FedProtoStrategy(FedPersStrategy):
@@ -34,12 +34,12 @@ class FedProtoStrategy(FedPersStrategy):
         self.available = np.zeros(c, np.float32)
         self.upload_shapes = [(c, d), (c,)]
 
-    def aggregate(self, server_round: int, valid: list[tuple[list[np.ndarray], int]]) -> list[np.ndarray]:
+    def aggregate(self, server_round: int, updates: Updates) -> list[np.ndarray]:
         """Eq. 6: count-weighted per-class mean of the uploaded prototypes. A client's class counts are
         bounded by its (validated) sample count: counts summing to more are scaled down (ours), so that
         no client can outweigh the others by inflating its counts."""
         local = []
-        for arrays, n in valid:
+        for arrays, n in updates.values():
             counts = np.clip(np.asarray(arrays[1], dtype=np.float64), 0.0, None)
             if counts.sum() > n:
                 counts = counts * (n / counts.sum())

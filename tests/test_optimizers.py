@@ -76,7 +76,7 @@ def test_scaffold_client_and_server_round_trip():
     for a, b in zip(stored, expected):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
     # the server: x = mean y (eta_g = 1), c = |S|/N * mean dc
-    new_x = strategy.aggregate(1, [(up, n)])
+    new_x = strategy.aggregate(1, {0: (up, n)})
     for a, b in zip(new_x, y):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     for a, b in zip(strategy.server_state, dc):
@@ -120,7 +120,7 @@ def test_feddyn_client_keeps_its_gradient_state():
     state = ctx.state["fedpers.feddyn_grad"].to_numpy_ndarrays()
     for s, t, g in zip(state, up, params):
         np.testing.assert_allclose(s, -0.1 * (t - g), rtol=1e-4, atol=1e-7)
-    theta = strategy.aggregate(1, [(up, n)])
+    theta = strategy.aggregate(1, {0: (up, n)})
     for a, t, h in zip(theta, up, strategy.h):
         np.testing.assert_allclose(a, t - h / 0.1, rtol=1e-4, atol=1e-6)
 
