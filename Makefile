@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.fedpers-installed
 export FLWR_TELEMETRY_ENABLED := 0
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 
-.PHONY: run test venv clean bench-mnist
+.PHONY: run test venv clean bench-mnist nginx
 
 venv: $(STAMP)
 
@@ -24,8 +24,17 @@ run: $(STAMP)
 	@cat results/quickstart/table.md
 	@echo "curves: results/quickstart/curves_digits_a0.1.png; each run's own files: results/quickstart/runs/"
 
-test: $(STAMP)
+test: $(STAMP) nginx
 	$(BIN)/python -m pytest -q
+
+# The deployment tests put nginx in front of the SuperLink (as deploy local and compose do): install
+# Debian's where we may (root with apt); elsewhere those tests skip and say why.
+nginx:
+	@command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx || \
+	  { test "$$(id -u)" = 0 && command -v apt-get >/dev/null 2>&1 && apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null 2>&1 || \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null 2>&1; } || \
+	  echo "nginx not installed (needs root and apt): the deployment tests will skip"
 
 bench-mnist: $(STAMP)
 	$(BIN)/python benchmarks/mnist_table2.py --rounds 10

@@ -1,21 +1,30 @@
-"""Seconds per round of the same small run in Flower's Ray simulation and as a real deployment.
+"""Seconds per round of a small deployed run, and where each message's seconds go.
 
-    python benchmarks/deploy_cost.py [--rounds 3] [--clients 3] [--out benchmarks/results/deploy_cost.json]
+    python benchmarks/deploy_cost.py --label after [--rounds 4] [--modes deployment/subprocess,...]
+    python benchmarks/deploy_cost.py --label before --tree /path/to/an/older/checkout
 
-Run: pFedKDH-EA on scikit-learn digits, 3 clients, all sampled every round, 1 local epoch, feature_dim 64,
-evaluation of every client every round (tests/conftest.py's tiny config). Modes:
+Run: pFedKDH-EA on scikit-learn digits, 3 SuperNodes, all trained every round and all evaluated every
+round (fraction_fit 1, eval_every 1), 1 local epoch, batch 32, feature_dim 64. Modes:
 
-* ``simulation``: ``fedpers run`` (Ray, one process starts and stops everything);
-* ``deployment/subprocess``: ``fedpers deploy local`` machinery: SuperLink + 3 SuperNodes on 127.0.0.1,
-  TLS, SuperNode auth; each SuperNode starts the ClientApp in a subprocess (via its SuperExec);
-* ``deployment/process``: the same with ``--isolation process``: a separate ``flower-superexec`` per
-  SuperNode starts the ClientApp processes.
+* ``simulation``: ``fedpers run`` (Ray; one process starts and stops everything);
+* ``deployment/subprocess``: ``fedpers deploy local`` machinery: SuperLink + 3 SuperNodes on 127.0.0.1
+  (TLS, SuperNode auth; from issue 17 on behind the nginx Fleet proxy), each SuperNode starting a fresh
+  ClientApp process for every message;
+* ``deployment/process``: the same with a separate ``flower-superexec`` per SuperNode.
 
-Per mode: ``round_seconds`` from metrics.jsonl (configure_fit to the end of the round's evaluation),
-their mean, the mean without round 1 (round 1 includes asking every node its partition id), the wall
-time of the whole command and the setup time (wall minus the rounds). Also the cost of one fresh Python
-process importing the ClientApp (torch + fedpers), which Flower 1.42 pays for every message in both
-isolation modes. Figures go to stdout and ``--out``.
+Figures per mode: ``round_seconds`` from metrics.jsonl, their mean without round 1 (round 1 also asks
+every node for its partition id), the wall time and the setup time. The per-message breakdown:
+
+* measured in fresh interpreters of the tree under test (works for any checkout): Python + Flower +
+  fedpers + torch imports of the ClientApp module, and that plus loading the client's data (the
+  federation: dataset + partition), i.e. what every message pays before it trains;
+* where the tree has ``fedpers.client_app`` (issue 17 on), every ClientApp process of the run logs its
+  own timeline (``FEDPERS_MESSAGE_TIMING``): process start -> message handed over (interpreter and
+  imports) -> client built (data, model, state) -> reply ready (training or evaluation), per message
+  type; the rest of a round (``round - fit phase - evaluate phase``) is polling, transfers and the
+  server's own work.
+
+Existing output files are never overwritten: a new ``--label`` (or ``--out``) is needed.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,24 +41,43 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--label", required=True, help="names the output file: deploy_cost_<label>.json")
+    ap.add_argument("--tree", default=str(ROOT), help="checkout whose fedpers is measured (default: this one)")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--clients", type=int, default=3)
+    ap.add_argument("--modes", default="deployment/subprocess,deployment/process")
+    ap.add_argument("--out", default="", help="default: benchmarks/results/deploy_cost_<label>.json")
+    return ap.parse_args()
+
+
+ARGS = parse_args() if __name__ == "__main__" else None
+TREE = Path(ARGS.tree).resolve() if ARGS else ROOT
+sys.path.insert(0, str(TREE))
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
+os.environ["PYTHONPATH"] = str(TREE) + os.pathsep + os.environ.get("PYTHONPATH", "")
 
-from fedpers.config import build_config  # noqa: E402
-from fedpers.results import read_metrics  # noqa: E402
-from tests.conftest import tiny_overrides  # noqa: E402
+RUN = dict(method="pfedkdh", variant="ea", dataset="digits", fraction_fit=1.0, eval_every=1, local_epochs=1,
+           batch_size=32, lr=0.05, recal_lr=0.05, ea_lr=0.05, aux_size=100, alpha=1.0, feature_dim=64,
+           ea_steps=3, device="cpu")
 
 
 def small_config(out: Path, rounds: int, clients: int):
-    return build_config(tiny_overrides(method="pfedkdh", variant="ea", rounds=rounds, num_clients=clients,
-                                       out_dir=str(out)))
+    from fedpers.config import build_config
+
+    return build_config(dict(RUN, rounds=rounds, num_clients=clients, out_dir=str(out)))
 
 
-def figures(out: Path, wall: float) -> dict:
+def round_figures(out: Path, wall: float) -> dict:
+    from fedpers.results import read_metrics
+
     secs = [r["round_seconds"] for r in read_metrics(out)]
-    return {"round_seconds": [round(s, 2) for s in secs], "mean_round_s": round(sum(secs) / len(secs), 2),
-            "mean_round_s_after_first": round(sum(secs[1:]) / max(1, len(secs) - 1), 2),
+    return {"round_seconds": [round(s, 2) for s in secs],
+            "mean_round_s_after_first": round(statistics.mean(secs[1:]), 2) if len(secs) > 1 else None,
             "wall_s": round(wall, 1), "setup_and_teardown_s": round(wall - sum(secs), 1)}
 
 
@@ -59,7 +88,7 @@ def run_simulation(cfg) -> float:
     config_file.parent.mkdir(parents=True, exist_ok=True)
     config_file.write_text(yaml.safe_dump(cfg.to_dict()))
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "fedpers.cli", "run", str(config_file)], check=True, cwd=ROOT,
+    subprocess.run([sys.executable, "-m", "fedpers.cli", "run", str(config_file)], check=True, cwd=TREE,
                    stdout=subprocess.DEVNULL)
     return time.perf_counter() - t0
 
@@ -75,38 +104,99 @@ def run_deployment(cfg, isolation: str) -> float:
     return time.perf_counter() - t0
 
 
-def clientapp_start_seconds(repeats: int = 3) -> float:
-    """Wall time of a fresh interpreter importing the ClientApp (what every message pays)."""
+def clientapp_module() -> str:
+    """The ClientApp's module as the tree's pyproject names it (``fedpers.app`` before issue 17)."""
+    import tomllib
+
+    components = tomllib.loads((TREE / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["components"]
+    return components["clientapp"].split(":")[0]
+
+
+def fresh_process_seconds(code: str, repeats: int = 3) -> float:
+    """Best-of-``repeats`` wall time of a fresh interpreter running ``code`` in the tree under test."""
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "import fedpers.app"], check=True, cwd=ROOT)
+        subprocess.run([sys.executable, "-c", code], check=True, cwd=TREE)
         times.append(time.perf_counter() - t0)
     return round(min(times), 2)
 
 
+def per_process_costs() -> dict:
+    module = clientapp_module()
+    run = json.dumps(dict(RUN, num_clients=3))
+    load = (f"import {module}; from fedpers.config import build_config; from fedpers.federation import "
+            f"get_federation; get_federation(build_config({run}))")
+    return {"clientapp_module": module,
+            "bare_python_s": fresh_process_seconds("pass"),
+            "python_and_clientapp_imports_s": fresh_process_seconds(f"import {module}"),
+            "imports_and_client_data_s": fresh_process_seconds(load)}
+
+
+def message_breakdown(timing_file: Path, rounds: list[float]) -> dict | None:
+    """Per message type: mean seconds from process start to hand-over, to client built, to reply;
+    per round: the fit and evaluate phases' spans (first process start to last reply)."""
+    if not timing_file.is_file():
+        return None
+    records = [json.loads(line) for line in timing_file.read_text().splitlines() if line.strip()]
+    out: dict = {"messages": len(records)}
+    for kind in sorted({r["type"] for r in records}):
+        rs = [r for r in records if r["type"] == kind and r["process_start"] and r["client_built"]]
+        if rs:
+            out[kind] = {"count": len(rs),
+                         "process_start_to_handover_s": _mean(r["handed_over"] - r["process_start"] for r in rs),
+                         "handover_to_client_built_s": _mean(r["client_built"] - r["handed_over"] for r in rs),
+                         "client_built_to_reply_s": _mean(r["reply_ready"] - r["client_built"] for r in rs)}
+    phases = []
+    for group in sorted({r["group"] for r in records if r["group"]}, key=lambda g: int(g)):
+        phase = {}
+        for kind in ("train", "evaluate"):
+            rs = [r for r in records if r["group"] == group and r["type"] == kind and r["process_start"]]
+            if rs:
+                phase[kind] = round(max(r["reply_ready"] for r in rs) - min(r["process_start"] for r in rs), 2)
+        phases.append({"round": int(group), **phase})
+    for phase, secs in zip(phases, rounds):
+        phase["rest_s"] = round(secs - phase.get("train", 0.0) - phase.get("evaluate", 0.0), 2)
+    out["phases"] = phases
+    later = phases[1:] or phases
+    out["mean_after_first"] = {k: _mean(p[k] for p in later if k in p) for k in ("train", "evaluate", "rest_s")}
+    return out
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return round(statistics.mean(values), 3) if values else 0.0
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--clients", type=int, default=3)
-    ap.add_argument("--modes", default="simulation,deployment/subprocess,deployment/process")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "deploy_cost.json"))
-    args = ap.parse_args()
-    results: dict = {"run": f"pfedkdh-ea, digits, {args.clients} clients, {args.rounds} rounds, fraction_fit 1.0, "
-                            "local_epochs 1, feature_dim 64, eval every round",
-                     "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, load avg {os.getloadavg()[0]:.1f} at start",
-                     "clientapp_process_start_s": clientapp_start_seconds(), "modes": {}}
+    args = ARGS
+    out_file = Path(args.out or ROOT / "benchmarks" / "results" / f"deploy_cost_{args.label}.json")
+    if out_file.exists():
+        raise SystemExit(f"{out_file} exists: results are never overwritten (choose another --label or --out)")
+    results: dict = {"label": args.label, "tree": str(TREE),
+                     "commit": subprocess.run(["git", "-C", str(TREE), "rev-parse", "--short", "HEAD"],
+                                              capture_output=True, text=True).stdout.strip(),
+                     "run": f"pfedkdh-ea, digits, {args.clients} SuperNodes, {args.rounds} rounds, all trained "
+                            "and evaluated every round, local_epochs 1, feature_dim 64",
+                     "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "
+                                f"load avg {os.getloadavg()[0]:.1f} at start",
+                     "per_process": per_process_costs(), "modes": {}}
+    print(json.dumps(results["per_process"]), flush=True)
     with tempfile.TemporaryDirectory(prefix="fedpers-cost-") as tmp:
         for mode in args.modes.split(","):
             out = Path(tmp) / mode.replace("/", "-")
+            timing = Path(tmp) / f"{mode.replace('/', '-')}-messages.jsonl"
+            os.environ["FEDPERS_MESSAGE_TIMING"] = str(timing)
             cfg = small_config(out, args.rounds, args.clients)
             wall = run_simulation(cfg) if mode == "simulation" else run_deployment(cfg, mode.split("/")[1])
-            results["modes"][mode] = figures(out, wall)
-            print(f"{mode:24s} {json.dumps(results['modes'][mode])}", flush=True)
+            figures = round_figures(out, wall)
+            figures["breakdown"] = message_breakdown(timing, figures["round_seconds"])
+            results["modes"][mode] = figures
+            print(f"{mode:24s} {json.dumps(figures)}", flush=True)
     results["load_avg_at_end"] = round(os.getloadavg()[0], 1)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
-    print(f"clientapp process start: {results['clientapp_process_start_s']} s | written {args.out}")
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    out_file.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"written {out_file}")
 
 
 if __name__ == "__main__":

@@ -1,39 +1,33 @@
-"""Flower entry points: ``server_app`` and ``client_app`` (named in pyproject's ``[tool.flwr.app.components]``).
+"""Flower ServerApp entry point: ``server_app`` (``serverapp`` in pyproject's ``[tool.flwr.app.components]``;
+the ClientApp is ``fedpers.client_app:client_app``).
 
-The same two objects run in Flower's Ray simulation engine (``fedpers run``, ``flwr run .``) and as real
+The same objects run in Flower's Ray simulation engine (``fedpers run``, ``flwr run .``) and as real
 SuperLink/SuperNode processes. The run's settings come from the Flower run-config, validated by the
-fedpers schema; the method's Strategy and NumPyClient come from the registry.
+fedpers schema; the method's Strategy and NumPyClient come from the registry. The legacy round loop
+(``flwr.server.compat.start_grid``) runs on a :class:`~fedpers.prompt_grid.PromptReplyGrid`, so a
+deployed round does not wait for Flower's 3-s reply checks.
 """
 
 from __future__ import annotations
 
-import functools
 from logging import INFO
 from pathlib import Path
 
-import torch
 from flwr.app import Context
-from flwr.client import ClientApp
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
+from flwr.server.compat import start_grid
+from flwr.serverapp import Grid
 
 from fedpers.checkpoint import checkpoint_path, load_checkpoint
-from fedpers.config import Config, from_run_config
+from fedpers.client_app import config_of
+from fedpers.config import Config
 from fedpers.errors import FedpersError
 from fedpers.partition import save_partition
-from fedpers.registry import client_class_for, federation_for, strategy_class_for
+from fedpers.prompt_grid import PromptReplyGrid
+from fedpers.registry import federation_for, strategy_class_for
 from fedpers.results import ResultsWriter
 from fedpers.run_figures import label_distribution_png
 from fedpers.rundir import check_out_dir
-
-
-@functools.lru_cache(maxsize=8)
-def _config(items: tuple) -> Config:
-    return from_run_config(dict(items))
-
-
-def config_of(context: Context) -> Config:
-    """The validated Config of this run (parsed once per process)."""
-    return _config(tuple(sorted(context.run_config.items())))
 
 
 def server_fn(context: Context) -> ServerAppComponents:
@@ -95,17 +89,13 @@ def _resume(cfg: Config, strategy, config: ServerConfig, state: dict) -> ServerA
     return ServerAppComponents(server=server, config=config)
 
 
-@functools.lru_cache(maxsize=1)
-def _limit_threads(cpus: int) -> None:
-    torch.set_num_threads(cpus)
+server_app = ServerApp()
 
 
-def client_fn(context: Context):
-    """Build the method's NumPyClient for this node (Flower recreates it for every message)."""
-    cfg = config_of(context)
-    _limit_threads(max(1, int(cfg.client_cpus)))
-    return client_class_for(cfg)(cfg, context).to_client()
-
-
-server_app = ServerApp(server_fn=server_fn)
-client_app = ClientApp(client_fn=client_fn)
+@server_app.main()
+def main(grid: Grid, context: Context) -> None:
+    """The run: :func:`server_fn`'s components in Flower's legacy round loop, replies collected every
+    ``reply_poll_interval`` seconds."""
+    components = server_fn(context)
+    start_grid(grid=PromptReplyGrid(grid, config_of(context).reply_poll_interval), server=components.server,
+               config=components.config, strategy=components.strategy, client_manager=components.client_manager)

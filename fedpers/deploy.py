@@ -29,6 +29,8 @@ import ipaddress
 import json
 import os
 import re
+import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -42,7 +44,12 @@ from typing import Iterable, Sequence
 from fedpers.errors import FedpersError
 
 FEDERATION = "fedpers"  # name of the SuperLink connection in the private FLWR_HOME
-FLWR_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
+FLWR_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+            # A SuperExec checks for a new ClientApp/ServerApp task every second by default: a LAN can
+            # afford 0.1 s, and each message starts sooner by the difference.
+            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}
+SUPEREXEC_SECRET = "superexec.secret"
+PROXY_TEMPLATE = Path(__file__).resolve().parent.parent / "deploy" / "nginx" / "fleet-proxy.conf.template"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -58,6 +65,7 @@ class Pki:
     server_cert: Path
     server_key: Path
     node_keys: list[Path] = field(default_factory=list)  # OpenSSH private keys; public key = <path>.pub
+    superexec_secret: Path | None = None  # shared by a Flower process and its SuperExec (process isolation)
 
     def node_public(self, i: int) -> Path:
         return self.node_keys[i].with_name(self.node_keys[i].name + ".pub")
@@ -144,7 +152,14 @@ def make_pki(directory: str | os.PathLike, num_nodes: int,
     ca_cert, ca_key = make_ca(d)
     cert, key = make_server_cert(d, ca_cert, ca_key, list(hosts))
     nodes = [make_node_key(d / f"supernode-{i}.key") for i in range(num_nodes)]
-    return Pki(d, ca_cert, ca_key, cert, key, nodes)
+    return Pki(d, ca_cert, ca_key, cert, key, nodes, make_superexec_secret(d / SUPEREXEC_SECRET))
+
+
+def make_superexec_secret(path: Path) -> Path:
+    """A random shared secret (64 hex characters, 0600) for ``--superexec-auth-secret-file``: with it a
+    SuperLink or SuperNode only hands work to (and takes results from) a SuperExec holding the same file."""
+    _write_private(path, secrets.token_hex(32).encode())
+    return path
 
 
 def _write_private(path: Path, data: bytes) -> None:
@@ -299,6 +314,55 @@ def _stop_tree(proc: "Proc", grace: float) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
+# the Fleet API proxy (nginx) in front of the SuperLink
+# --------------------------------------------------------------------------------------------------
+def render_proxy_conf(*, superlink: str, fleet_listen: str, control_listen: str, cert: Path, key: Path,
+                      ca: Path, tls_name: str, template: Path = PROXY_TEMPLATE) -> str:
+    """``deploy/nginx/fleet-proxy.conf.template`` with its variables filled in: the same file the compose
+    stack's nginx renders with envsubst, so the local deployment exercises what compose ships."""
+    import string
+
+    if not template.is_file():
+        raise FedpersError(f"{template} not found: `fedpers deploy local` needs a source checkout (deploy/nginx/)")
+    return string.Template(template.read_text()).substitute(
+        SUPERLINK_ADDRESS=superlink, FLEET_LISTEN=fleet_listen, CONTROL_LISTEN=control_listen,
+        PROXY_CERT=str(cert), PROXY_KEY=str(key), SUPERLINK_CA=str(ca), SUPERLINK_TLS_NAME=tls_name)
+
+
+def nginx_binary() -> str:
+    """The nginx executable, or a FedpersError saying how to install it."""
+    found = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx")
+                                           if os.access(p, os.X_OK)), None)
+    if not found:
+        raise FedpersError("nginx not found: `fedpers deploy local` puts nginx in front of the SuperLink so that "
+                           "only the Fleet API is reachable (Debian/Ubuntu: apt-get install nginx-light)")
+    return found
+
+
+def write_proxy_files(directory: Path, logs: Path, server_conf: str) -> Path:
+    """A self-contained nginx main config (pid, logs and temp files under ``directory``/``logs``) that
+    includes ``server_conf``; returns its path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    logs.mkdir(parents=True, exist_ok=True)
+    (directory / "fleet-proxy.conf").write_text(server_conf)
+    temp = {name: directory / "tmp" / name for name in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")}
+    (directory / "tmp").mkdir(exist_ok=True)  # nginx makes the leaves, not their parent
+    main = directory / "nginx.conf"
+    main.write_text("\n".join([
+        "# written by fedpers deploy local: nginx as the Fleet API proxy (see fleet-proxy.conf)",
+        "worker_processes 1;",
+        f"pid {directory / 'nginx.pid'};",
+        f"error_log {logs / 'fleet-proxy-error.log'} notice;",
+        "events { worker_connections 256; }",
+        "http {",
+        f"    access_log {logs / 'fleet-proxy-access.log'};",
+        *[f"    {name}_temp_path {path};" for name, path in temp.items()],
+        f"    include {directory / 'fleet-proxy.conf'};",
+        "}", ""]))
+    return main
+
+
+# --------------------------------------------------------------------------------------------------
 # a local deployment: SuperLink + N SuperNodes on 127.0.0.1
 # --------------------------------------------------------------------------------------------------
 def write_flwr_config(flwr_home: Path, address: str, root_cert: Path, name: str = FEDERATION) -> Path:
@@ -323,13 +387,14 @@ class LocalDeployment:
         self.root = Path(root).resolve()
         self.num_nodes = num_nodes
         self.isolation = isolation
-        self.host = host
+        self.host = host  # where the proxy's Fleet listener is (what SuperNodes connect to)
         self.startup_timeout = startup_timeout
         self.logs = self.root / "logs"
         self.flwr_home = self.root / "flwr_home"
         self.pki: Pki | None = None
-        self.port = 0
+        self.superlink_port = self.port = self.control_port = 0
         self.superlink: Proc | None = None
+        self.proxy: Proc | None = None
         self.nodes: dict[int, Proc] = {}
         self.executors: dict[int, Proc] = {}  # isolation=process: one flower-superexec per SuperNode
         self.node_ports: dict[int, int] = {}
@@ -350,21 +415,42 @@ class LocalDeployment:
 
     @property
     def address(self) -> str:
+        """The Fleet API as the SuperNodes see it: the proxy's Fleet listener."""
         return f"{self.host}:{self.port}"
 
+    @property
+    def control_address(self) -> str:
+        """The Control API as the operator's ``flwr`` CLI sees it: the proxy's loopback listener."""
+        return f"127.0.0.1:{self.control_port}"
+
+    @property
+    def superlink_address(self) -> str:
+        """The SuperLink itself: loopback only, so nothing on the network reaches its Control API."""
+        return f"127.0.0.1:{self.superlink_port}"
+
     def start(self) -> None:
-        """Certificates and keys, SuperLink, key registration, SuperNodes."""
+        """Certificates and keys, SuperLink (loopback), the nginx proxy, key registration, SuperNodes."""
+        nginx = nginx_binary()  # before anything starts: a missing nginx is one line, not a half deployment
         self.root.mkdir(parents=True, exist_ok=True)
-        self.pki = make_pki(self.root / "pki", self.num_nodes, hosts=(self.host, "localhost"))
-        self.port = free_port(self.host)
-        write_flwr_config(self.flwr_home, self.address, self.pki.ca_cert)
-        pki = self.pki
+        hosts = tuple(dict.fromkeys((self.host, "127.0.0.1", "localhost")))
+        self.pki = pki = make_pki(self.root / "pki", self.num_nodes, hosts=hosts)
+        self.superlink_port, self.port = free_port("127.0.0.1"), free_port(self.host)
+        self.control_port = free_port("127.0.0.1")
+        write_flwr_config(self.flwr_home, self.control_address, pki.ca_cert)
         self.superlink = Proc("superlink", [
             _bin("flower-superlink"), "--ssl-ca-certfile", str(pki.ca_cert), "--ssl-certfile", str(pki.server_cert),
-            "--ssl-keyfile", str(pki.server_key), "--enable-supernode-auth", "--host", self.host,
-            "--port", str(self.port), "--disable-runtime-dependency-installation",
+            "--ssl-keyfile", str(pki.server_key), "--enable-supernode-auth", "--host", "127.0.0.1",
+            "--port", str(self.superlink_port), "--disable-runtime-dependency-installation",
         ], self.logs / "superlink.log", self._env(self.flwr_home), cwd=self.root)
-        wait_for_port(self.host, self.port, self.startup_timeout, self.superlink)
+        conf = render_proxy_conf(superlink=self.superlink_address, fleet_listen=self.address,
+                                 control_listen=self.control_address, cert=pki.server_cert, key=pki.server_key,
+                                 ca=pki.ca_cert, tls_name="localhost")
+        main_conf = write_proxy_files(self.root / "proxy", self.logs, conf)
+        self.proxy = Proc("fleet-proxy", [nginx, "-p", str(self.root / "proxy"), "-c", str(main_conf),
+                                          "-g", "daemon off;"], self.logs / "fleet-proxy.log", self._env(self.flwr_home))
+        wait_for_port("127.0.0.1", self.superlink_port, self.startup_timeout, self.superlink)
+        wait_for_port(self.host, self.port, self.startup_timeout, self.proxy)
+        wait_for_port("127.0.0.1", self.control_port, self.startup_timeout, self.proxy)
         for i in range(self.num_nodes):
             self.register(pki.node_public(i))
         for i in range(self.num_nodes):
@@ -374,13 +460,14 @@ class LocalDeployment:
         """Stop every process this deployment started (SuperNodes and executors first, SuperLink last)."""
         for proc in [*self._extra, *self.executors.values(), *self.nodes.values()]:
             _stop_tree(proc, grace=3.0)
-        if self.superlink is not None:
-            _stop_tree(self.superlink, grace=5.0)
+        for proc in (self.proxy, self.superlink):
+            if proc is not None:
+                _stop_tree(proc, grace=5.0)
         self._extra.clear()
 
     def pids(self) -> list[int]:
         """PIDs of the processes started directly (their children are stopped with them)."""
-        procs = [self.superlink, *self.nodes.values(), *self.executors.values(), *self._extra]
+        procs = [self.superlink, self.proxy, *self.nodes.values(), *self.executors.values(), *self._extra]
         return [p.pid for p in procs if p is not None]
 
     # --- SuperNodes ----------------------------------------------------------------------------------
@@ -397,14 +484,17 @@ class LocalDeployment:
         key = key or self.pki.node_keys[i]
         name = name or f"supernode-{i}"
         port = self.node_ports.get(i) if name == f"supernode-{i}" else None
-        port = port or free_port(self.host)
+        port = port or free_port("127.0.0.1")
         node_config = f"partition-id={i} num-partitions={num_partitions or self.num_nodes}"
         if state_dir:
             node_config += f' state-dir="{state_dir}"'
         home = self.root / f"home-{name}"
+        # The SuperNode's own ClientApp-facing port stays on loopback: only its SuperExec connects to it.
         argv = [_bin("flower-supernode"), "--superlink", self.address, "--root-certificates", str(self.pki.ca_cert),
                 "--auth-supernode-private-key", str(key), "--node-config", node_config,
-                "--host", self.host, "--port", str(port), "--isolation", self.isolation]
+                "--host", "127.0.0.1", "--port", str(port), "--isolation", self.isolation]
+        if self.isolation == "process":
+            argv += ["--superexec-auth-secret-file", str(self.pki.superexec_secret)]
         proc = Proc(name, argv, self.logs / f"{name}.log", self._env(home), cwd=self.root)
         if name != f"supernode-{i}":
             self._extra.append(proc)
@@ -412,10 +502,19 @@ class LocalDeployment:
         self.nodes[i] = proc
         self.node_ports[i] = port
         if self.isolation == "process":  # the ClientApp executor runs as its own process
-            wait_for_port(self.host, port, self.startup_timeout, proc)
-            self.executors[i] = Proc(f"superexec-{i}", [
-                _bin("flower-superexec"), "--runtime-api-address", f"{self.host}:{port}", "--insecure"],
-                self.logs / f"superexec-{i}.log", self._env(home), cwd=self.root)
+            wait_for_port("127.0.0.1", port, self.startup_timeout, proc)
+            self.executors[i] = self.start_superexec(i, f"superexec-{i}", self.pki.superexec_secret)
+        return proc
+
+    def start_superexec(self, i: int, name: str, secret: Path | None) -> Proc:
+        """A ``flower-superexec`` for SuperNode ``i``'s ClientApps (isolation=process), authenticated with
+        ``secret`` (None: without the secret, which the SuperNode must refuse)."""
+        argv = [_bin("flower-superexec"), "--runtime-api-address", f"127.0.0.1:{self.node_ports[i]}", "--insecure"]
+        if secret is not None:
+            argv += ["--superexec-auth-secret-file", str(secret)]
+        proc = Proc(name, argv, self.logs / f"{name}.log", self._env(self.root / f"home-supernode-{i}"), cwd=self.root)
+        if name != f"superexec-{i}":
+            self._extra.append(proc)
         return proc
 
     def kill_node(self, i: int) -> None:
@@ -521,8 +620,10 @@ def deploy_local(cfg, clients: int, out: str | os.PathLike, isolation: str = "su
     with contextlib.suppress(ValueError):  # not in the main thread: Ctrl-C still works
         signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill` of this command stops what it started
     with LocalDeployment(out / "deploy", clients, isolation=isolation) as dep:
-        print(f"fedpers | deploy: SuperLink https://{dep.address} (TLS, SuperNode auth, pid {dep.superlink.pid}), "
-              f"{clients} SuperNodes ({isolation} isolation), logs {dep.logs}", flush=True)
+        print(f"fedpers | deploy: SuperLink https://{dep.superlink_address} (loopback, TLS, SuperNode auth, pid "
+              f"{dep.superlink.pid}) behind nginx: Fleet API https://{dep.address}, Control API "
+              f"https://{dep.control_address}; {clients} SuperNodes ({isolation} isolation), logs {dep.logs}",
+              flush=True)
         run = dep.submit(cfg)
         return dep.wait(run, cfg, timeout)
 

@@ -241,6 +241,9 @@ KEYS: tuple[Key, ...] = (
     Key("round_timeout", float, 0.0,
         "seconds a round waits for client replies (Flower ServerConfig.round_timeout); 0 = no limit",
         _non_negative),
+    Key("reply_poll_interval", float, 0.2,
+        "seconds between the ServerApp's checks for client replies (ours; Flower's own Grid waits 3 s, which "
+        "adds up to 3 s to every fit and evaluate phase of a deployed round)", _positive),
     # --- JDFL and the global optimizers it wraps (fedpers/algorithms/) -----------------
     Key("model_kind", str, "",
         "model: '' = the method's own (cnn for most) | cnn | se_cnn | gn_cnn (JDFL paper's GroupNorm CNN)",

@@ -20,7 +20,7 @@ import tomli_w
 
 from fedpers.config import Config
 
-CLIENT_APP_ATTR = "fedpers.app:client_app"
+CLIENT_APP_ATTR = "fedpers.client_app:client_app"
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")

@@ -4,7 +4,8 @@ registry's class paths), is an edge. ``python -m tests.import_graph`` prints the
 violations; ``tests/test_layers.py`` requires both lists to be empty.
 
 Layers, each importing only itself and the ones below it:
-  apps      fedpers.{cli, app, simulation, inprocess, deploy, sweep, report, run_config_table}
+  apps      fedpers.{cli, app, client_app, prompt_grid, simulation, inprocess, deploy, sweep, report,
+            run_config_table}
   registry  fedpers.registry, fedpers.config (the validated config of a registered method)
   methods   strategies.*, clients.* (and never each other)
   core      everything else in fedpers (schema, data, partitions, models, math, training, results)
@@ -20,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("fedpers", "strategies", "clients")
 APPS = {"fedpers.cli", "fedpers.app", "fedpers.simulation", "fedpers.inprocess", "fedpers.deploy", "fedpers.sweep",
-        "fedpers.report", "fedpers.run_config_table"}
+        "fedpers.report", "fedpers.run_config_table", "fedpers.client_app", "fedpers.prompt_grid"}
 REGISTRY = {"fedpers.registry", "fedpers.config"}
 RANK = {"core": 0, "methods": 1, "registry": 2, "apps": 3}
 CLASS_PATH = re.compile(r"^((?:fedpers|strategies|clients)(?:\.\w+)+):\w+$")

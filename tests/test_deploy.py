@@ -7,6 +7,7 @@ stopped by process group / PID in the fixture's teardown.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -329,10 +330,20 @@ def _rounds(out: Path) -> list[int]:
         return []
 
 
+def _need_nginx() -> None:
+    from fedpers.deploy import nginx_binary
+
+    try:
+        nginx_binary()
+    except FedpersError as exc:  # `make test` installs it where it can (root + apt)
+        pytest.skip(f"the deployment puts nginx in front of the SuperLink and {exc}")
+
+
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
     from fedpers.deploy import LocalDeployment
 
+    _need_nginx()
     dep = LocalDeployment(tmp_path_factory.mktemp("deploy"), num_nodes=3)
     try:
         dep.start()
@@ -433,3 +444,80 @@ def test_killed_supernode_does_not_stall_the_run_and_rejoins(deployment, tmp_pat
     assert r3["client_state_consistent"] is True
     log = deployment.nodes[2].log_path.read_text()
     assert "client 2 restored state 'personal'" in log  # ... starting from the head it had before the kill
+
+
+# ------------------------------------------------------------------------------------------------
+# the Fleet API proxy: only the Fleet API on the network, the Control API on the operator's side
+# ------------------------------------------------------------------------------------------------
+def _https_status(address: str, path: str, ca: Path, method: str = "POST", headers: dict | None = None) -> int:
+    """HTTP status of ``method path`` at ``address`` over TLS (verified against ``ca``)."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(f"https://{address}{path}", data=b"" if method == "POST" else None, method=method,
+                                 headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, context=ssl.create_default_context(cafile=str(ca)), timeout=10) as res:
+            return res.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def _access_log_paths(dep) -> list[tuple[str, str]]:
+    """(method, path) of every request the proxy's access log holds."""
+    text = (dep.logs / "fleet-proxy-access.log").read_text()
+    return re.findall(r'"(GET|POST|HEAD|PUT|DELETE) (\S+) HTTP', text)
+
+
+@pytest.mark.deployment
+def test_supernodes_reach_the_superlink_only_through_the_proxy(deployment, clean_run):
+    dep = deployment
+    assert dep.superlink_address.startswith("127.0.0.1:") and dep.address != dep.superlink_address
+    for proc in dep.nodes.values():  # every SuperNode was pointed at the proxy's Fleet listener
+        assert proc.argv[proc.argv.index("--superlink") + 1] == dep.address
+    fleet = {path for method, path in _access_log_paths(dep) if method == "POST" and path.startswith("/v1/fleet/")}
+    # the whole clean run (registration, messages, model objects) went through the proxy
+    assert {"/v1/fleet/activate-node", "/v1/fleet/pull-messages", "/v1/fleet/push-messages",
+            "/v1/fleet/pull-object", "/v1/fleet/push-object"} <= fleet
+
+
+@pytest.mark.deployment
+def test_only_the_fleet_api_passes_the_published_port(deployment):
+    dep, ca = deployment, deployment.pki.ca_cert
+    for path in ("/v1/control/list-runs", "/v1/control/start-run", "/v1/runtime/get-run", "/health", "/"):
+        assert _https_status(dep.address, path, ca) == 403, path
+    assert _https_status(dep.address, "/v1/fleet/pull-messages", ca, method="GET") == 403  # POST only
+    # a Fleet request passes to the SuperLink, whose node authentication rejects it (no node signature)
+    assert _https_status(dep.address, "/v1/fleet/get-run", ca, headers={"Content-Type": "application/protobuf"}) == 401
+    # and the operator's listener passes nothing but the Control API
+    for path in ("/v1/fleet/pull-messages", "/v1/runtime/get-run"):
+        assert _https_status(dep.control_address, path, ca) == 403, path
+
+
+@pytest.mark.deployment
+def test_control_api_works_from_the_operator_side(deployment):
+    dep = deployment
+    assert dep.control_address.startswith("127.0.0.1:")
+    res = dep.flwr(["ls", "fedpers", "--format", "json"])  # the operator's CLI, via the loopback listener
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert json.loads(res.stdout[res.stdout.index("{"):])["success"] is True
+    assert any(path.startswith("/v1/control/list-runs") for _, path in _access_log_paths(dep))
+
+
+@pytest.mark.deployment
+def test_superexec_needs_the_shared_secret(tmp_path):
+    from fedpers.deploy import LocalDeployment
+
+    _need_nginx()
+    cfg = build_config(tiny_overrides(method="fedavg", rounds=1, num_clients=1, out_dir=str(tmp_path / "run"),
+                                      client_state_dir=str(tmp_path / "state"),
+                                      checkpoint_dir=str(tmp_path / "checkpoint")))
+    with LocalDeployment(tmp_path / "deploy", 1, isolation="process") as dep:
+        assert dep.pki.superexec_secret.stat().st_mode & 0o777 == 0o600
+        rogue = dep.start_superexec(0, "rogue-superexec", secret=None)
+        _wait_for(lambda: not rogue.alive(), 120, "the SuperExec without the secret to be turned away")
+        assert "SuperExec authentication failed" in dep.nodes[0].log_path.read_text()
+        summary = dep.run(cfg, timeout=RUN_TIMEOUT)  # the SuperExec holding the secret serves the run
+        assert summary["rounds"] == 1 and dep.executors[0].alive()
+        assert "launch" not in rogue.log_path.read_text().lower()

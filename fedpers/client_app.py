@@ -1,0 +1,81 @@
+"""Flower ClientApp entry point (``clientapp`` in pyproject's ``[tool.flwr.app.components]``).
+
+Kept apart from the ServerApp (``fedpers.app``) because a deployed SuperNode starts a fresh ClientApp
+process for every message: this module imports only what a client needs (no ``flwr.server``, no
+results writer, no plotting), and the method's client class is imported from the registry by name.
+
+``FEDPERS_MESSAGE_TIMING=<file>`` in a ClientApp's environment appends one JSON line per message to
+``<file>``: when the process started, when Flower handed it the message (imports done), when the client
+was built (data and model loaded) and when the reply was ready; ``benchmarks/deploy_cost.py`` reads it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+
+import torch
+from flwr.app import Context, Message
+from flwr.client import ClientApp
+
+from fedpers.config import Config, from_run_config
+from fedpers.registry import client_class_for
+
+TIMING_ENV = "FEDPERS_MESSAGE_TIMING"
+_client_built_at: list[float] = []  # set by client_fn, read by the timing mod of the same message
+
+
+@functools.lru_cache(maxsize=8)
+def _config(items: tuple) -> Config:
+    return from_run_config(dict(items))
+
+
+def config_of(context: Context) -> Config:
+    """The validated Config of this run (parsed once per process)."""
+    return _config(tuple(sorted(context.run_config.items())))
+
+
+@functools.lru_cache(maxsize=1)
+def _limit_threads(cpus: int) -> None:
+    torch.set_num_threads(cpus)
+
+
+def client_fn(context: Context):
+    """Build the method's NumPyClient for this node (Flower recreates it for every message)."""
+    cfg = config_of(context)
+    _limit_threads(max(1, int(cfg.client_cpus)))
+    client = client_class_for(cfg)(cfg, context).to_client()
+    _client_built_at.append(time.time())
+    return client
+
+
+def process_start_time() -> float | None:
+    """Wall-clock time this process started (Linux ``/proc``; None elsewhere)."""
+    try:
+        ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+        boot = next(float(line.split()[1]) for line in open("/proc/stat") if line.startswith("btime"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def message_timing(msg: Message, context: Context, call_next) -> Message:
+    """ClientApp mod: with ``FEDPERS_MESSAGE_TIMING`` set, log where this message's seconds went."""
+    path = os.environ.get(TIMING_ENV)
+    if not path:
+        return call_next(msg, context)
+    handed_over = time.time()
+    _client_built_at.clear()
+    reply = call_next(msg, context)
+    record = {"pid": os.getpid(), "partition_id": context.node_config.get("partition-id"),
+              "type": msg.metadata.message_type, "group": msg.metadata.group_id,
+              "process_start": process_start_time(), "handed_over": handed_over,
+              "client_built": _client_built_at[-1] if _client_built_at else None, "reply_ready": time.time()}
+    with open(path, "a") as f:  # one short line per message: appends from several processes stay whole
+        f.write(json.dumps(record) + "\n")
+    return reply
+
+
+client_app = ClientApp(client_fn=client_fn, mods=[message_timing])
