@@ -59,9 +59,11 @@ def test_private_flower_names_only_in_flower_internals():
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))
-def test_strategy_and_client_declare_the_same_model(name):
-    spec = METHODS[name]
-    assert spec.strategy_class().model_kind == spec.client_class().model_kind
+def test_strategy_and_client_declare_the_same_model_and_parts(name):
+    strategy, client = METHODS[name].strategy_class(), METHODS[name].client_class()
+    assert strategy.model_kind == client.model_kind
+    # what the server broadcasts is what the client loads, what the client uploads is what the server checks
+    assert (strategy.download_part, strategy.upload_part) == (client.download_part, client.upload_part)
 
 
 def test_headline_metrics_and_models_of_the_methods():
