@@ -1,4 +1,5 @@
 # fedpers: `make run` (quick-start experiment) and `make test` (test suite). Both create .venv first.
+# `make compose-check`: docker-compose.yml live on a local base image (needs root and a running dockerd).
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -6,7 +7,7 @@ STAMP  := $(VENV)/.fedpers-installed
 export FLWR_TELEMETRY_ENABLED := 0
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 
-.PHONY: run test venv clean bench-mnist nginx
+.PHONY: run test venv clean bench-mnist nginx compose-check
 
 venv: $(STAMP)
 
@@ -38,6 +39,11 @@ nginx:
 
 bench-mnist: $(STAMP)
 	$(BIN)/python benchmarks/mnist_table2.py --rounds 10
+
+# docker-compose.yml up on a local Debian base image (no Docker Hub), a short run through the proxy, the
+# refusals, teardown; output in deploy/compose/compose-check-<UTC time>.out.
+compose-check: $(STAMP)
+	FEDPERS_BIN=$(abspath $(BIN)) deploy/compose/check.sh
 
 clean:
 	rm -rf $(VENV) results .pytest_cache

@@ -71,12 +71,13 @@ def _parser() -> argparse.ArgumentParser:
                        help="ClientApp isolation of the SuperNodes (default: subprocess)")
     local.add_argument("--timeout", type=float, default=3600.0, help="seconds the run may take (default 3600)")
     certs = dsub.add_parser("certs", help="make a CA, a SuperLink certificate and SuperNode keys")
-    certs.add_argument("--out", required=True, help="directory for ca.crt, server.pem/.key, supernode-<i>.key(.pub)")
+    certs.add_argument("--out", required=True, help="directory for ca.crt, server.pem/.key, supernode-<i>.key(.pub), "
+                       "superexec.secret")
     certs.add_argument("--nodes", type=int, default=3, help="number of SuperNode key pairs")
     certs.add_argument("--force", action="store_true", help="replace a CA already in --out")
     certs.add_argument("--host", dest="hosts", action="append", default=[],
-                       help="DNS name or IP the SuperLink is reached at (repeatable; default superlink, "
-                            "localhost, 127.0.0.1)")
+                       help="DNS name or IP the SuperLink and its Fleet proxy are reached at (repeatable; "
+                            "default fleet-proxy, superlink, localhost, 127.0.0.1)")
     return p
 
 
@@ -235,7 +236,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     from fedpers import deploy
 
     if args.deploy_command == "certs":
-        pki = deploy.make_certs(args.out, args.nodes, args.hosts or ["superlink", "localhost", "127.0.0.1"],
+        pki = deploy.make_certs(args.out, args.nodes, args.hosts or ["fleet-proxy", "superlink", "localhost", "127.0.0.1"],
                                 force=args.force)
         print(f"fedpers | CA {pki.ca_cert}, SuperLink certificate {pki.server_cert}, "
               f"{len(pki.node_keys)} SuperNode keys in {pki.dir}")

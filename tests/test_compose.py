@@ -1,0 +1,410 @@
+"""docker-compose.yml against the rules of issue #17 (static; `make compose-check` runs the stack live).
+
+Each rule is a function returning its violations, so every test also runs on a deliberately broken copy of
+the file and must fail there: a check that cannot fail checks nothing.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import re
+import shutil
+import socket
+import string
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+SECRETS_DIRS = ("/run/fedpers-secrets/", "/run/secrets/")  # the entry point's private copies, compose's mounts
+CERTS_SOURCE = "${FEDPERS_CERTS:-./deploy/certs}"
+
+
+def load(name: str = "docker-compose.yml") -> dict:
+    return yaml.safe_load((ROOT / name).read_text())
+
+
+@pytest.fixture(scope="module")
+def compose():
+    return load()
+
+
+# --- helpers ------------------------------------------------------------------------------------------
+def _opts(argv) -> dict[str, str]:
+    return dict(a.split("=", 1) for a in argv or [] if isinstance(a, str) and a.startswith("--") and "=" in a)
+
+
+def _program(service: dict) -> str | None:
+    cmd = service.get("command") or []
+    return cmd[0] if cmd else None
+
+
+def _supernodes(services: dict) -> dict[str, dict]:
+    return {n: s for n, s in services.items() if _program(s) == "flower-supernode"}
+
+
+def _runners(services: dict, default_profile_only: bool = True) -> dict[str, dict]:
+    """flower-superexec services (ServerApp and ClientApp runners)."""
+    return {n: s for n, s in services.items() if _program(s) == "flower-superexec"
+            and not (default_profile_only and s.get("profiles"))}
+
+
+def _secret_names(service: dict) -> set[str]:
+    return {s if isinstance(s, str) else s.get("source") for s in service.get("secrets", [])}
+
+
+def _volume_sources(service: dict) -> list[str]:
+    out = []
+    for v in service.get("volumes", []):
+        out.append(v.split(":", 1)[0] if isinstance(v, str) else str(v.get("source", "")))
+    return out
+
+
+def _named_files(service: dict) -> set[str]:
+    """Basenames of the secret files a service's command, entry point, environment and healthcheck name."""
+    texts = [str(a) for a in (service.get("command") or []) + (service.get("entrypoint") or [])]
+    texts += [str(v) for v in (service.get("environment") or {}).values()]
+    texts += [str(a) for a in (service.get("healthcheck", {}).get("test") or [])]
+    names = set()
+    for text in texts:
+        for d in SECRETS_DIRS:
+            names |= set(re.findall(re.escape(d) + r"([A-Za-z0-9_.-]+)", text))
+    env = service.get("environment") or {}
+    if any("register-supernodes.sh" in str(a) for a in service.get("entrypoint") or []):
+        # the script reads $CERTS_DIR/ca.crt and $CERTS_DIR/supernode-<i>.key.pub for i < NUM_SUPERNODES
+        assert env.get("CERTS_DIR") == "/run/fedpers-secrets"
+        names |= {"ca.crt"} | {f"supernode-{i}.key.pub" for i in range(int(env["NUM_SUPERNODES"]))}
+    return names
+
+
+# --- the rules --------------------------------------------------------------------------------------------
+def rule_no_ca_key_or_certs_dir(c: dict) -> list[str]:
+    bad = []
+    for name, spec in (c.get("secrets") or {}).items():
+        if Path(str(spec.get("file", ""))).name == "ca.key" or name == "ca.key":
+            bad.append(f"secret {name} is the CA key")
+    for name, s in c["services"].items():
+        for src in _volume_sources(s):
+            norm = src.rstrip("/")
+            if norm in ("./deploy/certs", "deploy/certs", CERTS_SOURCE) or Path(norm).name == "ca.key" \
+                    or "deploy/certs" in norm or "FEDPERS_CERTS" in norm:
+                bad.append(f"{name} mounts {src} (certs belong in compose secrets, one file each)")
+        for secret in _secret_names(s):
+            spec = (c.get("secrets") or {}).get(secret, {})
+            if Path(str(spec.get("file", ""))).name == "ca.key":
+                bad.append(f"{name} gets the CA key as secret {secret}")
+    return bad
+
+
+def rule_only_proxy_publishes(c: dict) -> list[str]:
+    bad = []
+    services = c["services"]
+    for name, s in services.items():
+        if s.get("network_mode") == "host":
+            bad.append(f"{name} uses the host network")
+        if s.get("ports") and name != "fleet-proxy":
+            bad.append(f"{name} publishes {s['ports']}")
+    proxy = services.get("fleet-proxy")
+    if proxy is None:
+        return bad + ["no fleet-proxy service"]
+    env = proxy.get("environment") or {}
+    control = str(env.get("CONTROL_LISTEN", "")).rsplit(":", 1)[-1]
+    fleet = str(env.get("FLEET_LISTEN", "")).rsplit(":", 1)[-1]
+    published = {}
+    for p in proxy.get("ports", []):
+        parts = str(p).split(":")
+        published[parts[-1]] = parts[0] if len(parts) == 3 else ""
+    if fleet not in published:
+        bad.append(f"fleet-proxy does not publish its Fleet listener {fleet}")
+    if control in published and published[control] != "127.0.0.1":
+        bad.append(f"fleet-proxy publishes the Control listener {control} beyond loopback")
+    if set(published) - {fleet, control}:
+        bad.append(f"fleet-proxy publishes more than the two listeners: {sorted(published)}")
+    return bad
+
+
+def rule_named_files_mounted(c: dict) -> list[str]:
+    bad = []
+    declared = set(c.get("secrets") or {})
+    for name, s in c["services"].items():
+        have = _secret_names(s)
+        for missing in sorted(_named_files(s) - have):
+            bad.append(f"{name} names {missing} but does not get it as a secret")
+        for undeclared in sorted(have - declared):
+            bad.append(f"{name} uses undeclared secret {undeclared}")
+        for src in _volume_sources(s):
+            if src.startswith("./") and not (ROOT / src).exists():
+                bad.append(f"{name} mounts missing {src}")
+            elif not src.startswith(("./", "/")) and src not in (c.get("volumes") or {}):
+                bad.append(f"{name} mounts undeclared volume {src}")
+    return bad
+
+
+def rule_supernodes_via_proxy(c: dict) -> list[str]:
+    bad = []
+    services = c["services"]
+    proxy = services.get("fleet-proxy", {})
+    fleet_port = str((proxy.get("environment") or {}).get("FLEET_LISTEN", "")).rsplit(":", 1)[-1]
+    link_nets = set(services.get("superlink", {}).get("networks") or ["default"])
+    for name, s in _supernodes(services).items():
+        target = _opts(s["command"]).get("--superlink")
+        if target != f"fleet-proxy:{fleet_port}":
+            bad.append(f"{name} connects to {target}, not the proxy")
+        if set(s.get("networks") or ["default"]) & link_nets:
+            bad.append(f"{name} shares a network with the SuperLink")
+    return bad
+
+
+def rule_one_runner_per_supernode(c: dict) -> list[str]:
+    services = c["services"]
+    wanted = sorted(f"{n}:{_opts(s['command']).get('--port', '9094')}" for n, s in _supernodes(services).items())
+    got = sorted(_opts(s["command"]).get("--runtime-api-address", "") for s in _runners(services).values()
+                 if not _opts(s["command"]).get("--runtime-api-address", "").startswith("superlink:"))
+    bad = [] if got == wanted and wanted else [f"default-profile ClientApp runners {got} != SuperNodes {wanted}"]
+    if not any(_opts(s["command"]).get("--runtime-api-address", "").startswith("superlink:")
+               for s in _runners(services).values()):
+        bad.append("no ServerApp runner in the default profile")
+    return bad
+
+
+def rule_superexec_secret_both_ends(c: dict) -> list[str]:
+    bad = []
+    services = c["services"]
+    flag = "--superexec-auth-secret-file"
+    for name, s in _runners(services, default_profile_only=False).items():
+        host = _opts(s["command"]).get("--runtime-api-address", "").rsplit(":", 1)[0]
+        peer = services.get(host)
+        mine = _opts(s["command"]).get(flag)
+        theirs = _opts((peer or {}).get("command")).get(flag)
+        if not mine or not theirs:
+            bad.append(f"{name} <-> {host}: {flag} missing on {'both ends' if not (mine or theirs) else 'one end'}")
+        elif Path(mine).name != Path(theirs).name:
+            bad.append(f"{name} <-> {host}: different secrets {mine} / {theirs}")
+    return bad
+
+
+def rule_health_and_ordering(c: dict) -> list[str]:
+    bad = []
+    services = c["services"]
+    for name in ("superlink", "fleet-proxy"):
+        test = services.get(name, {}).get("healthcheck", {}).get("test")
+        if not test:
+            bad.append(f"{name} has no healthcheck")
+    link_health = services.get("superlink", {}).get("healthcheck", {}).get("test") or []
+    if not any("/health" in str(a) and "https://" in str(a) for a in link_health):
+        bad.append("the SuperLink healthcheck does not GET /health over TLS")
+    for name, s in services.items():
+        deps = s.get("depends_on") or {}
+        if isinstance(deps, list):
+            deps = {d: {"condition": "service_started"} for d in deps}
+        if "superlink" in deps and deps["superlink"].get("condition") != "service_healthy":
+            bad.append(f"{name} does not wait for a healthy SuperLink")
+        if name in _supernodes(services) and deps.get("fleet-proxy", {}).get("condition") != "service_healthy":
+            bad.append(f"{name} does not wait for a healthy fleet-proxy")
+    for name in ("fleet-proxy", "register-supernodes", "serverapp"):
+        if "superlink" not in (services.get(name, {}).get("depends_on") or {}):
+            bad.append(f"{name} does not depend on the SuperLink")
+    return bad
+
+
+RULES = [rule_no_ca_key_or_certs_dir, rule_only_proxy_publishes, rule_named_files_mounted,
+         rule_supernodes_via_proxy, rule_one_runner_per_supernode, rule_superexec_secret_both_ends,
+         rule_health_and_ordering]
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.__name__)
+def test_compose_rule_holds(compose, rule):
+    assert rule(compose) == []
+
+
+# --- broken copies: each must be caught by its rule ----------------------------------------------------------
+def _drop_flag(argv, flag):
+    return [a for a in argv if not str(a).startswith(flag)]
+
+
+BREAKS = {
+    "certs dir mounted": (rule_no_ca_key_or_certs_dir,
+                          lambda c: c["services"]["superlink"].setdefault("volumes", []).append("./deploy/certs:/certs:ro")),
+    "ca.key as a secret": (rule_no_ca_key_or_certs_dir, lambda c: (
+        c["secrets"].__setitem__("ca.key", {"file": f"{CERTS_SOURCE}/ca.key"}),
+        c["services"]["register-supernodes"]["secrets"].append("ca.key"))),
+    "superlink publishes": (rule_only_proxy_publishes, lambda c: c["services"]["superlink"].__setitem__("ports", ["9093:9093"])),
+    "control on all interfaces": (rule_only_proxy_publishes, lambda c: c["services"]["fleet-proxy"].__setitem__(
+        "ports", ["9093:9093", "9095:9095"])),
+    "node key not mounted": (rule_named_files_mounted,
+                             lambda c: c["services"]["supernode-1"]["secrets"].remove("supernode-1.key")),
+    "proxy key not mounted": (rule_named_files_mounted,
+                              lambda c: c["services"]["fleet-proxy"]["secrets"].remove("server.key")),
+    "registrar without a public key": (rule_named_files_mounted, lambda c: c["services"]["register-supernodes"]["secrets"].remove(
+        "supernode-2.key.pub")),
+    "supernode straight to the superlink": (rule_supernodes_via_proxy, lambda c: c["services"]["supernode-0"].__setitem__(
+        "command", [a if not a.startswith("--superlink=") else "--superlink=superlink:9093"
+                    for a in c["services"]["supernode-0"]["command"]])),
+    "clientapp runner only in a profile": (rule_one_runner_per_supernode,
+                                           lambda c: c["services"]["clientapp-2"].__setitem__("profiles", ["cpu"])),
+    "runner without the secret": (rule_superexec_secret_both_ends, lambda c: c["services"]["clientapp-0"].__setitem__(
+        "command", _drop_flag(c["services"]["clientapp-0"]["command"], "--superexec-auth-secret-file"))),
+    "superlink without the secret": (rule_superexec_secret_both_ends, lambda c: c["services"]["superlink"].__setitem__(
+        "command", _drop_flag(c["services"]["superlink"]["command"], "--superexec-auth-secret-file"))),
+    "no superlink healthcheck": (rule_health_and_ordering, lambda c: c["services"]["superlink"].pop("healthcheck")),
+    "serverapp does not wait for health": (rule_health_and_ordering,
+                                           lambda c: c["services"]["serverapp"].__setitem__("depends_on", ["superlink"])),
+}
+
+
+@pytest.mark.parametrize("what", sorted(BREAKS))
+def test_compose_rule_catches_broken_copy(compose, what):
+    rule, breaker = BREAKS[what]
+    broken = copy.deepcopy(compose)
+    breaker(broken)
+    assert rule(broken), f"{rule.__name__} did not notice: {what}"
+
+
+# --- images, overrides, build context ------------------------------------------------------------------------
+def test_images_build_from_flower_images(compose):
+    dockerfiles = {}
+    for name, s in compose["services"].items():
+        build = s.get("build")
+        if not build:
+            assert name == "fleet-proxy" and s["image"].startswith("nginx:"), name
+            continue
+        path = ROOT / build["context"] / build["dockerfile"]
+        assert path.is_file(), f"{name}: {path} missing"
+        dockerfiles[path] = build.get("args", {}).get("BASE_IMAGE")
+    for path, base in dockerfiles.items():
+        text = path.read_text()
+        default = re.search(r"^ARG BASE_IMAGE=(\S+)", text, flags=re.M)
+        assert default and re.fullmatch(r"flwr/(superlink|supernode|superexec):1\.42\.0", default.group(1)), path
+        assert base == default.group(1), f"{path.name}: compose BASE_IMAGE {base} != {default.group(1)}"
+        assert re.search(r"^FROM \$\{BASE_IMAGE\}", text, flags=re.M), path
+        assert "fedpers-entrypoint" in text and "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1" in text
+        for src in re.findall(r"^COPY (\S+)", text, flags=re.M):
+            assert (ROOT / src).exists(), f"{path.name}: COPY {src} missing"
+
+
+def test_gpu_override_replaces_the_cpu_runners(compose):
+    gpu = load("docker-compose.gpu.yml")["services"]
+    cpu_runners = {n for n, s in _runners(compose["services"]).items()
+                   if not _opts(s["command"]).get("--runtime-api-address", "").startswith("superlink:")}
+    assert set(gpu) == cpu_runners  # same names: the override replaces, never adds runners
+    for s in gpu.values():
+        devices = s["deploy"]["resources"]["reservations"]["devices"]
+        assert any("gpu" in d.get("capabilities", []) for d in devices)
+        assert s["build"]["args"]["TORCH_INDEX"] == "https://pypi.org/simple" and s["image"] != compose[
+            "services"]["clientapp-0"]["image"]
+        assert "command" not in s  # commands (and the secret flag) stay those of docker-compose.yml
+
+
+def test_local_base_override_swaps_only_bases():
+    local = load("deploy/compose/local-base.yml")["services"]
+    for name, s in local.items():
+        if name == "fleet-proxy":
+            assert set(s) <= {"image", "command", "user"}
+            cmd = " ".join(s["command"])
+            assert "envsubst" in cmd and "/etc/nginx/templates/fleet-proxy.conf.template" in cmd
+            assert "nginx -g 'daemon off;'" in cmd
+            continue
+        assert set(s) == {"build"} and set(s["build"]) == {"args"}, name
+        assert set(s["build"]["args"]) <= {"BASE_IMAGE", "TORCH", "TORCH_INDEX"}, name
+
+
+def test_dockerignore_excludes_local_state():
+    lines = {ln.strip().rstrip("/") for ln in (ROOT / ".dockerignore").read_text().splitlines()
+             if ln.strip() and not ln.startswith("#")}
+    for path in (".venv", "results", "deploy/certs", "benchmarks/results", ".git", ".pytest_cache",
+                 "**/__pycache__"):
+        assert path in lines, f".dockerignore lacks {path}"
+
+
+def test_compose_flags_exist_in_flower_help(compose):
+    env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
+    checked = 0
+    files = [compose, load("deploy/compose/local-base.yml")]
+    known: dict[str, set[str]] = {}
+    for name, s in compose["services"].items():
+        prog = _program(s)
+        if not prog or not prog.startswith("flower-"):
+            continue
+        if prog not in known:
+            out = subprocess.run([str(BIN / prog), "--help"], capture_output=True, text=True, env=env, timeout=120)
+            known[prog] = set(re.findall(r"(--[a-z][a-z0-9-]*)", out.stdout))
+            assert known[prog], f"{prog} --help printed no flags"
+        unknown = {a.split("=", 1)[0] for a in s["command"][1:] if a.startswith("--")} - known[prog]
+        assert not unknown, f"{name}: {prog} has no {sorted(unknown)}"
+        checked += 1
+    assert checked >= 8 and files
+
+
+def test_entrypoint_and_scripts_parse():
+    for script in ("deploy/compose/check.sh", "deploy/compose/build-base.sh"):
+        assert subprocess.run(["bash", "-n", str(ROOT / script)]).returncode == 0, script
+        assert os.access(ROOT / script, os.X_OK), script
+    assert subprocess.run(["sh", "-n", str(ROOT / "deploy" / "register-supernodes.sh")]).returncode == 0
+    compile((ROOT / "deploy/compose/entrypoint.py").read_text(), "entrypoint.py", "exec")
+
+
+# --- the nginx template ------------------------------------------------------------------------------------
+TEMPLATE = ROOT / "deploy" / "nginx" / "fleet-proxy.conf.template"
+
+
+def _render(values: dict[str, str]) -> str:
+    text = string.Template(TEMPLATE.read_text()).safe_substitute(values)
+    return text
+
+
+def test_template_variables_are_the_compose_ones(compose):
+    names = set(re.findall(r"\$\{([A-Z_]+)\}", TEMPLATE.read_text()))
+    env = compose["services"]["fleet-proxy"]["environment"]
+    assert names == set(env), f"template needs {sorted(names)}, compose sets {sorted(env)}"
+    rendered = _render({k: str(v) for k, v in env.items()})
+    assert "${" not in rendered
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_template_renders_and_nginx_accepts_it(tmp_path):
+    nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").is_file() else None)
+    if nginx is None:
+        pytest.skip("nginx is not installed (apt-get install nginx): `nginx -t` of the rendered template not run")
+    from fedpers.deploy import make_certs
+
+    pki = make_certs(tmp_path / "certs", 1, ["superlink", "localhost", "127.0.0.1"])
+    conf = _render({
+        "SUPERLINK_ADDRESS": "127.0.0.1:9", "FLEET_LISTEN": f"127.0.0.1:{_free_port()}",
+        "CONTROL_LISTEN": f"127.0.0.1:{_free_port()}", "PROXY_CERT": str(pki.server_cert),
+        "PROXY_KEY": str(pki.server_key), "SUPERLINK_TLS_NAME": "superlink", "SUPERLINK_CA": str(pki.ca_cert)})
+    assert "${" not in conf
+    (tmp_path / "fleet-proxy.conf").write_text(conf)
+    for d in ("body", "proxy", "fastcgi", "uwsgi", "scgi", "logs"):
+        (tmp_path / d).mkdir()
+    main = f"""
+error_log stderr;
+pid {tmp_path}/nginx.pid;
+events {{}}
+http {{
+    access_log off;
+    client_body_temp_path {tmp_path}/body;
+    proxy_temp_path {tmp_path}/proxy;
+    fastcgi_temp_path {tmp_path}/fastcgi;
+    uwsgi_temp_path {tmp_path}/uwsgi;
+    scgi_temp_path {tmp_path}/scgi;
+    include {tmp_path}/fleet-proxy.conf;
+}}
+"""
+    (tmp_path / "nginx.conf").write_text(main)
+    res = subprocess.run([nginx, "-t", "-p", str(tmp_path), "-e", "stderr", "-c", str(tmp_path / "nginx.conf")],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    # and it must fail on a broken rendering (a listener without its certificate)
+    (tmp_path / "fleet-proxy.conf").write_text(conf.replace(str(pki.server_cert), str(tmp_path / "missing.pem")))
+    res = subprocess.run([nginx, "-t", "-p", str(tmp_path), "-e", "stderr", "-c", str(tmp_path / "nginx.conf")],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0
