@@ -143,7 +143,7 @@ def main() -> None:
 
 def _gate(t: int, args: argparse.Namespace) -> float:
     sys.path.insert(0, str(HERE.parent))
-    from fedpers.fedeagd import fusion_coefficient
+    from fedpers.algorithms.fedeagd import fusion_coefficient
 
     return fusion_coefficient(t, args.fusion_start, args.fusion_ramp)
 

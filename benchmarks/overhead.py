@@ -31,15 +31,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedpers import seeds
+from fedpers.algorithms.pfedkdh import pfedkdh_objective
 from fedpers.config import build_config
 from fedpers.federation import get_federation
-from fedpers.losses import pfedkdh_objective
 from fedpers.models import backbone_parameters, build_model, get_arrays, set_arrays
 from fedpers.results import read_metrics
 from fedpers.simulation import run_simulation
-from fedpers.training import evaluate, frozen_copy, predict_logits, recalibrate_head, seed_everything, sgd, train_epochs
+from fedpers.training import (evaluate, frozen_copy, predict_logits, recalibrate_head, seed_everything, sgd,
+                              train_epochs)
 from fedpers.validation import weighted_average
-from strategies.pfedkdh import SERVER_STREAM
 
 HERE = Path(__file__).resolve().parent
 
@@ -63,7 +64,7 @@ def bare_run(cfg) -> dict:
     if pfedkdh:
         aux = fed.aux(device)
         recalibrate_head(server, aux.x, aux.y, epochs=cfg.recal_epochs, lr=cfg.recal_lr,
-                         batch_size=cfg.batch_size, generator=seed_everything(cfg.seed, SERVER_STREAM, 1))
+                         batch_size=cfg.batch_size, generator=seed_everything(cfg.seed, seeds.SERVER_TRAINING, 1))
     round_seconds, final = [], {}
     for rnd in range(1, cfg.rounds + 1):
         start = time.perf_counter()
@@ -72,7 +73,7 @@ def bare_run(cfg) -> dict:
         broadcast = get_arrays(server, "all")
         updates = []
         for pid in chosen:
-            gen = seed_everything(cfg.seed, rnd, pid, 1)
+            gen = seed_everything(cfg.seed, rnd, pid, seeds.CLIENT_FIT)
             model = fresh()
             set_arrays(model, broadcast, "all")
             data = fed.client(pid, device).train
@@ -99,7 +100,7 @@ def bare_run(cfg) -> dict:
         set_arrays(server, weighted_average(updates), part)
         if pfedkdh:
             recalibrate_head(server, aux.x, aux.y, epochs=cfg.recal_epochs, lr=cfg.recal_lr,
-                             batch_size=cfg.batch_size, generator=seed_everything(cfg.seed, SERVER_STREAM, rnd + 1))
+                             batch_size=cfg.batch_size, generator=seed_everything(cfg.seed, seeds.SERVER_TRAINING, rnd + 1))
         test = fed.test(device)
         logits = predict_logits(server, test.x)
         global_acc = (logits.argmax(dim=1) == test.y).float().mean().item()

@@ -79,7 +79,7 @@ def replay_round(cfg, server_round: int = 2) -> dict[str, float]:
     client_cls = client_class_for(cfg)
     contexts = {pid: _context(cfg, pid) for pid in range(k)}
     torch.set_num_threads(1)  # as one client actor
-    fit_s, build_s, ser_s, updates = 0.0, 0.0, 0.0, []
+    fit_s, build_s, ser_s, updates = 0.0, 0.0, 0.0, {}
     for pid in chosen:
         t = time.perf_counter()
         client = client_cls(cfg, contexts[pid])
@@ -88,7 +88,7 @@ def replay_round(cfg, server_round: int = 2) -> dict[str, float]:
         arrays, n, _ = client.fit(broadcast, {"server_round": server_round})
         fit_s += time.perf_counter() - t
         t = time.perf_counter()
-        updates.append((parameters_to_ndarrays(ndarrays_to_parameters(arrays)), n))
+        updates[pid] = (parameters_to_ndarrays(ndarrays_to_parameters(arrays)), n)
         ser_s += time.perf_counter() - t
     timings["client fit (sum over sampled clients, 1 thread)"] = fit_s
     torch.set_num_threads(2)  # the driver

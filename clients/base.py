@@ -22,17 +22,18 @@ import torch
 import torch.nn.functional as F
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.client import NumPyClient
-from flwr.common.logger import log
+from flwr.common import log
 
+from fedpers import seeds
 from fedpers.cluster import node_identity
-from fedpers.config import Config, parse_id_list
 from fedpers.errors import ClientUpdateError, ConfigError
 from fedpers.federation import get_federation
 from fedpers.models import Part, build_model, get_arrays, set_arrays
-from fedpers.registry import model_kind_of
+from fedpers.schema import Config, parse_id_list
 from fedpers.state_store import ClientStateStore, config_fingerprint
 from fedpers.training import evaluate, resolve_device, seed_everything, sgd, train_epochs
 from fedpers.validation import corrupt_update
+from fedpers.wire import server_round_of
 
 STATE_PREFIX = "fedpers."
 ROUNDS_RECORD = "saved_rounds"  # context.state ConfigRecord: state name -> round it was saved in
@@ -72,6 +73,7 @@ class FedPersClient(NumPyClient):
     # whole-model copies of other state a client keeps between rounds (EMA teacher, personal model,
     # control variates), besides persistent_part: what fedpers.memory.estimate counts per client
     state_model_copies: float = 0.0
+    model_kind: str = "cnn"  # as the method's strategy declares it (tests/test_layers.py checks they agree)
 
     def __init__(self, cfg: Config, context: Context):
         self.cfg = cfg
@@ -82,7 +84,7 @@ class FedPersClient(NumPyClient):
         self.data = federation.client(self.partition_id, self.device)
         self.model = build_model(federation.input_shape, federation.num_classes, feature_dim=cfg.feature_dim,
                                  dropout=cfg.dropout, seed=cfg.seed,
-                                 kind=model_kind_of(cfg)).to(self.device)
+                                 kind=cfg.model_kind or self.model_kind).to(self.device)
         self._faulty = set(parse_id_list(cfg.faulty_clients))
         self._server_round: int | None = None
         self._state_horizon: float = math.inf
@@ -223,9 +225,9 @@ class FedPersClient(NumPyClient):
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
         """One round of local training; returns only ``upload_part``, keeps ``persistent_part``."""
-        server_round = int(config.get("server_round", 0))
+        server_round = server_round_of(config)
         self.begin_message(server_round, training=True)
-        generator = seed_everything(self.cfg.seed, server_round, self.partition_id, 1)
+        generator = seed_everything(self.cfg.seed, server_round, self.partition_id, seeds.CLIENT_FIT)
         self.prepare(parameters)
         loss = self.train(generator)
         metrics: dict[str, Any] = {"train_loss": float(loss), "partition_id": self.partition_id,
@@ -241,9 +243,9 @@ class FedPersClient(NumPyClient):
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
         """Accuracy of this client's personalized model on its own test split."""
-        server_round = int(config.get("server_round", 0))
+        server_round = server_round_of(config)
         self.begin_message(server_round, training=False)
-        generator = seed_everything(self.cfg.seed, server_round, self.partition_id, 2)
+        generator = seed_everything(self.cfg.seed, server_round, self.partition_id, seeds.CLIENT_EVALUATE)
         self.prepare(parameters)
         metrics: dict[str, Any] = {"partition_id": self.partition_id}
         if self.persistent_part and self.load_state("personal") is not None:

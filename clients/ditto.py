@@ -6,7 +6,7 @@ Each round a sampled client k receives the global model w^t and
    is uploaded;
 2. updates its personal model v_k: ``ditto_personal_epochs`` epochs (s of Alg. 1; 0 = ``local_epochs``)
    of SGD on the Ditto objective (Eq. 2) ``h_k(v; w^t) = F_k(v) + lambda/2 ||v - w^t||^2``
-   (:func:`fedpers.baselines.personal_objective`, lambda = ``ditto_lambda``), i.e.
+   (:func:`fedpers.algorithms.ditto.personal_objective`, lambda = ``ditto_lambda``), i.e.
    ``v_k <- v_k - lr (grad F_k(v_k) + lambda (v_k - w^t))``, anchored at the *received* w^t.
 
 v_k is the whole model, kept in ``context.state`` (never sent), so it survives rounds in which the client
@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from clients.base import FedPersClient, arrays_digest
-from fedpers.baselines import personal_objective
+from fedpers.algorithms.ditto import personal_objective
 from fedpers.models import get_arrays, set_arrays
 from fedpers.training import evaluate, sgd, train_epochs
 

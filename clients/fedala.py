@@ -8,7 +8,7 @@ model by adaptive local aggregation (ALA, Alg. 1 lines 6-16):
 
 with Theta_i its old local model and the element-wise weights W_i in [0, 1] learned by
 ``W <- clip_[0,1](W - eta grad_Theta_hat L * (Theta^t - Theta_i))`` on a random ``fedala_rand_percent`` %
-of its train data (eta = ``fedala_eta``; :func:`fedpers.baselines.learn_ala_weights`). W starts at ones
+of its train data (eta = ``fedala_eta``; :func:`fedpers.algorithms.fedala.learn_ala_weights`). W starts at ones
 and, in the client's first ALA, is trained until its loss converges (the start phase), afterwards for one
 epoch per round. A client's first participation has no local model yet: ALA is skipped (Theta_hat =
 Theta^t), as FedALA deactivates ALA in the first iteration.
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from clients.base import FedPersClient, arrays_digest
-from fedpers.baselines import ala_combine, learn_ala_weights, top_parameter_names
+from fedpers.algorithms.fedala import ala_combine, learn_ala_weights, top_parameter_names
 from fedpers.errors import ClientUpdateError
 from fedpers.models import get_arrays, parameter_names, set_arrays
 from fedpers.training import evaluate

@@ -9,13 +9,13 @@ rounds in which it is not sampled. A sampled client
    its local knowledge before using it: with its previous local model it computes class prototypes on its
    train data, then fine-tunes the *received* extractor for ``fedas_align_epochs`` epochs of SGD
    (lr ``fedas_align_lr``, batch ``fedas_align_batch``; code: 1, 0.01, 16) so that its features match
-   those prototypes (:func:`fedpers.baselines_more.align_backbone`). The aligned extractor replaces the
+   those prototypes (:func:`fedpers.algorithms.fedas.align_backbone`). The aligned extractor replaces the
    local one; the classifier stays the client's own. At its first participation there is no previous
    local model and the received extractor is used as is (as in the authors' code, where the previous
    model is then the received one);
 2. trains the whole model with cross-entropy for ``local_epochs`` epochs and saves it;
 3. **client synchronization** (the second): computes the trace of the empirical Fisher information of the
-   trained model on its train data (:func:`fedpers.baselines_more.fisher_trace`) and uploads it with the
+   trained model on its train data (:func:`fedpers.algorithms.fedas.fisher_trace`) and uploads it with the
    feature extractor; the server weights extractors by it (``strategies/fedas.py``).
 
 Evaluation: the client's own model as saved (its aligned-then-trained model), not the received extractor.
@@ -34,10 +34,12 @@ import numpy as np
 import torch
 
 from clients.base import FedPersClient
-from fedpers.baselines_more import align_backbone, fisher_trace
+from fedpers import seeds
+from fedpers.algorithms.fedas import align_backbone, fisher_trace
 from fedpers.federation import get_federation
 from fedpers.models import get_arrays, parameter_names, set_arrays
 from fedpers.training import seed_everything
+from fedpers.wire import server_round_of
 
 
 class FedASClient(FedPersClient):
@@ -98,8 +100,8 @@ class FedASClient(FedPersClient):
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
         """As the base (which saves the whole trained model); alignment runs inside ``prepare``."""
         self._fitting = True
-        # the alignment's own shuffling stream, apart from training's
-        self._generator = seed_everything(self.cfg.seed, int(config.get("server_round", 0)), self.partition_id, 3)
+        self._generator = seed_everything(self.cfg.seed, server_round_of(config), self.partition_id,
+                                          seeds.FEDAS_ALIGNMENT)
         try:
             upload, n, metrics = super().fit(parameters, config)
         finally:

@@ -7,7 +7,7 @@ every client and the server, and is never trained (its parameters are frozen and
 Evaluation: a *copy* of the whole model (global body + fixed head) is fine-tuned for
 ``fedbabu_finetune_epochs`` epochs (paper: 5) of SGD on the client's train data (learning rate ``lr``;
 ours, the paper fine-tunes with the training learning rate), then tested
-(:func:`fedpers.baselines.fine_tune_copy`). The fine-tuned copy is thrown away: nothing it learns is
+(:func:`fedpers.algorithms.fedbabu.fine_tune_copy`). The fine-tuned copy is thrown away: nothing it learns is
 persisted or sent. The accuracy before fine-tuning is reported as ``acc_initial``
 (``personalized_macro_acc_initial`` in the results; the paper's "initial accuracy").
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from clients.base import FedPersClient
-from fedpers.baselines import fine_tune_copy
+from fedpers.algorithms.fedbabu import fine_tune_copy
 from fedpers.models import backbone_parameters, head_parameters
 from fedpers.training import evaluate, sgd, train_epochs
 

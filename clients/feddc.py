@@ -16,8 +16,9 @@ import torch
 from clients.scaffold import ServerStateClient, params_in_state_order
 from fedpers.errors import ClientUpdateError
 from fedpers.models import get_arrays
-from fedpers.optimizers import (feddc_client_gradient_state, feddc_corrected_model, feddc_correction, feddc_penalty,
-                                feddc_update_drift, linear_term, local_steps, zeros_like)
+from fedpers.algorithms.feddc import (feddc_client_gradient_state, feddc_corrected_model, feddc_correction,
+                                      feddc_penalty, feddc_update_drift)
+from fedpers.algorithms.server_state import linear_term, local_steps, zeros_like
 
 
 class FedDCClient(ServerStateClient):

@@ -12,8 +12,9 @@ from __future__ import annotations
 import torch
 
 from clients.scaffold import ServerStateClient, params_in_state_order
+from fedpers.algorithms.feddyn import feddyn_client_state, feddyn_regularizer
+from fedpers.algorithms.server_state import zeros_like
 from fedpers.models import get_arrays
-from fedpers.optimizers import feddyn_client_state, feddyn_regularizer, zeros_like
 
 
 class FedDynClient(ServerStateClient):

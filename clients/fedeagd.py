@@ -1,4 +1,4 @@
-"""FedEAGD client (paper summary in ``shared/papers/fedeagd-summary.txt``; math in ``fedpers/fedeagd.py``).
+"""FedEAGD client (paper summary in ``shared/papers/fedeagd-summary.txt``; math in ``fedpers/algorithms/fedeagd.py``).
 
 Per round the client
 
@@ -28,9 +28,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from clients.base import FedPersClient
-from fedpers.fedeagd import ema_update, fedeagd_coefficients, fusion_coefficient, historical_distillation
+from fedpers.algorithms.fedeagd import ema_update, fedeagd_coefficients, fusion_coefficient, historical_distillation
 from fedpers.models import set_arrays
 from fedpers.training import eval_mode_features, frozen_copy
+from fedpers.wire import server_round_of
 
 TEACHER_STATE = "ema_teacher"
 
@@ -42,6 +43,7 @@ class FedEAGDClient(FedPersClient):
     download_part = "backbone"
     upload_part = "backbone"
     persistent_part = "personal"
+    model_kind = "se_cnn"
 
     def __init__(self, cfg, context):
         super().__init__(cfg, context)
@@ -103,7 +105,7 @@ class FedEAGDClient(FedPersClient):
     # --- Flower NumPyClient interface -------------------------------------------------------------
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
         """One FedEAGD round; uploads the shared extractor only, then updates the EMA teacher."""
-        server_round = int(config.get("server_round", 0))
+        server_round = server_round_of(config)
         self.begin_message(server_round, training=True)  # the teacher is read before the base fit
         alpha = self.set_round(server_round)
         self.teacher = self.load_teacher()
@@ -120,5 +122,5 @@ class FedEAGDClient(FedPersClient):
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
         """Personalized accuracy with the round's gate alpha_t (theta_g, residual_k, head_k)."""
-        self.set_round(int(config.get("server_round", 0)))
+        self.set_round(server_round_of(config))
         return super().evaluate(parameters, config)

@@ -1,17 +1,17 @@
 """FedFed client (Yang et al., NeurIPS 2023), a simplified but real feature distillation.
 
-Every client owns a small feature-distillation module G (:class:`fedpers.baselines_more.FeatureDistiller`,
+Every client owns a small feature-distillation module G (:class:`fedpers.algorithms.fedfed.FeatureDistiller`,
 a convolutional VAE; seeded per client) kept in ``context.state`` (``fedfed_distiller``), never sent.
 
 * **Distillation rounds** (``server_round <= D``, see ``strategies/fedfed.py``): for ``local_epochs``
-  epochs the client minimises :func:`fedpers.baselines_more.fedfed_distill_loss` jointly over G (Adam,
+  epochs the client minimises :func:`fedpers.algorithms.fedfed.fedfed_distill_loss` jointly over G (Adam,
   ``fedfed_vae_lr``) and the received global classifier model f (SGD, ``lr``):
   reconstruction + KL of G (the performance-robust part x_r = G(x) as an information bottleneck) plus the
   cross-entropy of f on the noisy performance-sensitive parts x - G(x) + N(0, sigma^2) (two noise
   levels, ``fedfed_noise_std1/2``) and on x. f is uploaded and averaged as FedAvg.
 * **Sharing, once**: in its first fit from round D on, a client whose G was trained uploads, next to f,
   ``x_s + N(0, sigma_1^2)`` and ``x_s + N(0, sigma_2^2)`` for all its train inputs (x_s = x - G(x), G in
-  eval mode) with their labels (:func:`fedpers.baselines_more.sensitive_features`); a flag in its state
+  eval mode) with their labels (:func:`fedpers.algorithms.fedfed.sensitive_features`); a flag in its state
   stops it from sharing again. A client never sampled during distillation never shares (its G is
   untrained, so x - G(x) would be close to its raw data).
 * **Training rounds** (``> D``): cross-entropy SGD on its local data together with the shared samples it
@@ -32,12 +32,15 @@ import torch
 import torch.nn.functional as F
 
 from clients.base import FedPersClient
-from fedpers.baselines_more import FeatureDistiller, fedfed_distill_loss, sensitive_features
+from fedpers import seeds
+from fedpers.algorithms.fedfed import (FeatureDistiller, fedfed_distill_loss, sensitive_features,
+                                       distill_rounds, empty_shared)
 from fedpers.errors import ClientUpdateError
 from fedpers.federation import get_federation
 from fedpers.models import get_arrays, parameter_names
+from fedpers.seeds import derived_seed
 from fedpers.training import minibatches, sgd, train_epochs
-from strategies.fedfed import distill_rounds, empty_shared
+from fedpers.wire import server_round_of
 
 DISTILLER_STATE = "fedfed_distiller"
 SHARED_FLAG = "fedfed_shared"
@@ -56,7 +59,7 @@ class FedFedClient(FedPersClient):
         self.num_classes = fed.num_classes
         self.num_model_arrays = len(parameter_names(self.model, "all"))
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int(np.random.SeedSequence([cfg.seed, self.partition_id, 5]).generate_state(1)[0]))
+            torch.manual_seed(derived_seed(cfg.seed, self.partition_id, seeds.FEDFED_DISTILLER_INIT))
             self.distiller = FeatureDistiller(self.input_shape[0]).to(self.device)
         self._round = 0
         self.shared_x = torch.zeros((0, *self.input_shape), device=self.device)
@@ -151,8 +154,8 @@ class FedFedClient(FedPersClient):
         if d == 0 or self._round < d or self.load_state(SHARED_FLAG) is not None or not self.load_distiller():
             return empty_shared(self.input_shape)
         train = self.data.train
-        gen = torch.Generator().manual_seed(int(np.random.SeedSequence(
-            [self.cfg.seed, self._round, self.partition_id, 6]).generate_state(1)[0]))
+        gen = torch.Generator().manual_seed(
+            derived_seed(self.cfg.seed, self._round, self.partition_id, seeds.FEDFED_FEATURE_NOISE))
         xs = torch.cat([sensitive_features(self.distiller, train.x, s, gen)
                         for s in (self.cfg.fedfed_noise_std1, self.cfg.fedfed_noise_std2)])
         ys = torch.cat([train.y, train.y])
@@ -169,7 +172,7 @@ class FedFedClient(FedPersClient):
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
         """As the base; reports how many shared samples were trained on."""
-        self._round = int(config.get("server_round", 0))
+        self._round = server_round_of(config)
         upload, n, metrics = super().fit(parameters, config)
         metrics["shared_samples_used"] = int(len(self.shared_y)) if not self.distilling() else 0
         metrics["shared_samples_sent"] = int(len(upload[-1]))

@@ -3,8 +3,8 @@
 Receives the model and the global class prototypes c_k (with an availability mask). Local loss
 (hybrid): ``(1 - a_t) L_task + a_t L_pc`` with L_pc the global prototypical contrastive loss
 ``-log( exp(cos(z, c_y)/tau) / sum_k exp(cos(z, c_k)/tau) )`` on the backbone feature z
-(:func:`fedpers.optimizers.prototype_contrastive_loss`, tau = ``fedproc_tau``) and
-``a_t = 1 - t/T`` (:func:`fedpers.optimizers.fedproc_weight`). Before any prototype exists (round 1)
+(:func:`fedpers.algorithms.fedproc.prototype_contrastive_loss`, tau = ``fedproc_tau``) and
+``a_t = 1 - t/T`` (:func:`fedpers.algorithms.fedproc.fedproc_weight`). Before any prototype exists (round 1)
 the loss is the task loss. After training the client computes its class prototypes (mean backbone
 feature per class, eval mode) and uploads model, prototypes and class counts.
 
@@ -19,8 +19,9 @@ import numpy as np
 import torch
 
 from clients.scaffold import ServerStateClient
+from fedpers.algorithms.fedproc import fedproc_weight, prototype_contrastive_loss
+from fedpers.algorithms.prototypes import class_prototypes
 from fedpers.federation import get_federation
-from fedpers.optimizers import class_prototypes, fedproc_weight, prototype_contrastive_loss
 from fedpers.training import backbone_features
 
 

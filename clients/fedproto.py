@@ -7,7 +7,7 @@ prototypes C_bar (with an availability mask), trains ``local_epochs`` epochs of 
 
     L = CE(F(x), y) + lambda * || f(x) - C_bar^(y) ||^2          (lambda = ``fedproto_lambda``)
 
-(:func:`fedpers.baselines_more.fedproto_loss`; round 1 has no prototypes: CE only), then computes its
+(:func:`fedpers.algorithms.fedproto.fedproto_loss`; round 1 has no prototypes: CE only), then computes its
 class prototypes on its train data (eval mode, Eq. 4) and uploads them with its class counts.
 
 Evaluation (``fedproto_infer``): ``global`` (default, as FedProto's code) predicts the class of the
@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from clients.base import FedPersClient
-from fedpers.baselines_more import class_prototypes, fedproto_loss, nearest_prototype
+from fedpers.algorithms.fedproto import fedproto_loss, nearest_prototype
+from fedpers.algorithms.prototypes import class_prototypes
 from fedpers.errors import ClientUpdateError
 from fedpers.federation import get_federation
 from fedpers.models import set_arrays

@@ -21,10 +21,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedpers import seeds
+from fedpers.algorithms.jdfl import class_only_predictions, random_targets, soft_target_loss, targets_from_domain_row
 from fedpers.federation import get_federation
-from fedpers.jdfl import class_only_predictions, random_targets, soft_target_loss, targets_from_domain_row
 from fedpers.models import expand_head, get_arrays, layer_subset_names, parameter_names, set_arrays
+from fedpers.seeds import derived_seed
 from fedpers.training import predict_logits, seed_everything, sgd, train_epochs
+from fedpers.wire import JDFL_ROW, float_row_of, server_round_of
 
 
 class JDFLClientMixin:
@@ -37,12 +40,12 @@ class JDFLClientMixin:
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
         """Discovery message, or a training round with this client's targets."""
-        server_round = int(config.get("server_round", 0))
+        server_round = server_round_of(config)
         if config.get("jdfl_phase") == "discovery":
             return self.discovery_fit(parameters, server_round)
-        self.jdfl_row = torch.tensor([float(v) for v in str(config.get("jdfl_row", "1")).split(",")])
+        self.jdfl_row = torch.tensor(float_row_of(config, JDFL_ROW, default=(1.0,)))
         self.jdfl_generator = torch.Generator().manual_seed(
-            int(np.random.SeedSequence([self.cfg.seed, server_round, self.partition_id, 3]).generate_state(1)[0]))
+            derived_seed(self.cfg.seed, server_round, self.partition_id, seeds.JDFL_RANDOM_TARGETS))
         return super().fit(parameters, config)
 
     def discovery_fit(self, parameters: list[np.ndarray], server_round: int):
@@ -52,7 +55,7 @@ class JDFLClientMixin:
         set_arrays(self.model, list(parameters[:n]), "all", source=f"client {self.partition_id}: discovery broadcast")
         names = layer_subset_names(self.model, cfg.jdfl_layers)
         before = {k: v.detach().clone() for k, v in self.model.state_dict().items() if k in names}
-        generator = seed_everything(cfg.seed, server_round, self.partition_id, 4)
+        generator = seed_everything(cfg.seed, server_round, self.partition_id, seeds.JDFL_DISCOVERY)
         opt = sgd(self.model.parameters(), cfg.lr, cfg.momentum, cfg.weight_decay)
         train = self.data.train
         loss = train_epochs(self.model, train.x, train.y, epochs=cfg.jdfl_discovery_epochs,
@@ -87,7 +90,7 @@ class JDFLClientMixin:
 
     def evaluate_personalized(self, generator: torch.Generator) -> tuple[float, float, dict[str, float]]:
         """Class-only accuracy of the received (global) model on this client's test split."""
-        from strategies.jdfl import marginal_class_log_probs
+        from fedpers.algorithms.jdfl import marginal_class_log_probs
 
         test = self.data.test
         logits = predict_logits(self.model, test.x)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from clients.fedavg import FedAvgClient
+from fedpers.algorithms.moon import moon_contrastive_loss
 from fedpers.models import get_arrays, set_arrays
-from fedpers.optimizers import moon_contrastive_loss
 from fedpers.training import frozen_copy
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from clients.base import FedPersClient
-from fedpers.losses import pfedkdh_objective
+from fedpers.algorithms.pfedkdh import pfedkdh_objective
 from fedpers.models import backbone_parameters
 from fedpers.training import accuracy_and_loss, adapt_head_copy, backbone_features, frozen_copy
 

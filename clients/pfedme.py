@@ -8,9 +8,9 @@ the Table 1 budget of E epochs):
 1. K = ``pfedme_k`` gradient steps on the personalized problem (Eq. 2)
    ``theta_i(w_{i,r}) = argmin_theta f_i(theta; D) + lambda/2 ||theta - w_{i,r}||^2``, learning rate
    ``pfedme_personal_lr``, theta warm-started from the previous batch
-   (:func:`fedpers.baselines.pfedme_inner_solve`);
+   (:func:`fedpers.algorithms.pfedme.pfedme_inner_solve`);
 2. the local update ``w_{i,r+1} = w_{i,r} - eta lambda (w_{i,r} - theta_i)`` with eta = ``lr``
-   (:func:`fedpers.baselines.pfedme_local_update`).
+   (:func:`fedpers.algorithms.pfedme.pfedme_local_update`).
 
 w_{i,R} is uploaded; the server takes ``(1 - beta) w^t + beta avg`` (``strategies/pfedme.py``). The
 personalized model theta_i of the last local round is kept in ``context.state`` (never sent) and is what
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from clients.base import FedPersClient, arrays_digest
-from fedpers.baselines import pfedme_inner_solve, pfedme_local_update
+from fedpers.algorithms.pfedme import pfedme_inner_solve, pfedme_local_update
 from fedpers.models import get_arrays, set_arrays
 from fedpers.training import evaluate, minibatches
 

@@ -19,9 +19,10 @@ from typing import Any
 import numpy as np
 
 from clients.base import FedPersClient, arrays_digest
+from fedpers.algorithms.pfedsim import warmup_rounds
 from fedpers.models import get_arrays, parameter_names, set_arrays
 from fedpers.training import evaluate
-from strategies.pfedsim import warmup_rounds
+from fedpers.wire import server_round_of
 
 LOCAL_STATE = "pfedsim_local"
 
@@ -61,7 +62,7 @@ class PFedSimClient(FedPersClient):
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
         """Train; in the personalization phase save the trained model and report its digest."""
-        self._round, self._fitting = int(config.get("server_round", 0)), True
+        self._round, self._fitting = server_round_of(config), True
         try:
             upload, n, metrics = super().fit(parameters, config)
         finally:
@@ -79,7 +80,7 @@ class PFedSimClient(FedPersClient):
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
         """As the base, plus the digest of the evaluated own model."""
-        self._round = int(config.get("server_round", 0))
+        self._round = server_round_of(config)
         loss, n, metrics = super().evaluate(parameters, config)
         if self._eval_digest is not None:
             metrics["state_digest"] = self._eval_digest

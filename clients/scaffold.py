@@ -2,7 +2,7 @@
 
 Receives x and c; keeps its control variate c_i in ``context.state`` (``scaffold_ci``, 0 at first
 participation). Local steps follow ``y <- y - eta_l (g_i(y) - c_i + c)`` (line 10): the correction
-``c - c_i`` enters the gradient through :func:`fedpers.optimizers.linear_term`, so the task loss (CE, or
+``c - c_i`` enters the gradient through :func:`fedpers.algorithms.server_state.linear_term`, so the task loss (CE, or
 JDFL's joint-label loss) is unchanged. After K local steps: ``c_i+ = c_i - c + (x - y_i)/(K eta_l)``
 (line 12, option II); uploads y_i and Delta c_i = c_i+ - c_i and stores c_i+.
 
@@ -18,9 +18,11 @@ import numpy as np
 import torch
 
 from clients.fedavg import FedAvgClient
+from fedpers.algorithms.scaffold import scaffold_client_control, scaffold_correction
+from fedpers.algorithms.server_state import linear_term, local_steps, zeros_like
 from fedpers.errors import ClientUpdateError
 from fedpers.models import get_arrays, parameter_names
-from fedpers.optimizers import linear_term, local_steps, scaffold_client_control, scaffold_correction, zeros_like
+from fedpers.wire import server_round_of
 
 
 def params_in_state_order(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -53,7 +55,7 @@ class ServerStateClient(FedAvgClient):
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
         """Remember the round (some losses depend on it), then the base fit."""
-        self.server_round = int(config.get("server_round", 0))
+        self.server_round = server_round_of(config)
         return super().fit(parameters, config)
 
     def tensors(self, arrays: list[np.ndarray]) -> list[torch.Tensor]:

@@ -22,10 +22,9 @@ from fedpers.checkpoint import checkpoint_path, load_checkpoint
 from fedpers.client_app import config_of
 from fedpers.config import Config
 from fedpers.errors import FedpersError
-from fedpers.federation import get_federation
 from fedpers.partition import save_partition
 from fedpers.prompt_grid import PromptReplyGrid
-from fedpers.registry import strategy_class_for
+from fedpers.registry import federation_for, strategy_class_for
 from fedpers.results import ResultsWriter
 from fedpers.run_figures import label_distribution_png
 from fedpers.rundir import check_out_dir
@@ -34,7 +33,7 @@ from fedpers.rundir import check_out_dir
 def server_fn(context: Context) -> ServerAppComponents:
     """Build the method's Strategy, its results writer and the number of rounds."""
     cfg = config_of(context)
-    federation = get_federation(cfg)
+    federation = federation_for(cfg)  # checked to hold Ds when the method needs it
     state = check_run_dir(cfg)  # before the results writer touches out_dir
     writer = ResultsWriter(cfg.out_dir, tensorboard=cfg.tensorboard, wandb=cfg.wandb,
                            wandb_project=cfg.wandb_project, config=cfg.to_dict())
@@ -46,7 +45,7 @@ def server_fn(context: Context) -> ServerAppComponents:
     if state is not None:
         return _resume(cfg, strategy, config, state)
     if cfg.resume:  # INFO: every sweep run starts this way (resumable by default)
-        from flwr.common.logger import log
+        from flwr.common import log
 
         log(INFO, "fedpers: resume=true but no checkpoint in %s yet: starting at round 1", cfg.checkpoint_dir)
     return ServerAppComponents(strategy=strategy, config=config)
@@ -76,10 +75,10 @@ def checkpoint_to_resume(cfg: Config) -> dict | None:
 
 def _resume(cfg: Config, strategy, config: ServerConfig, state: dict) -> ServerAppComponents:
     """Load the checkpoint ``state`` into ``strategy`` and start the round loop after its round."""
-    from flwr.common.logger import log
+    from flwr.common import log
     from flwr.server import SimpleClientManager
 
-    from fedpers.checkpoint import ResumableServer
+    from fedpers.flower_internals import ResumableServer
 
     strategy.load_state_dict(state)
     done = int(state["round"])

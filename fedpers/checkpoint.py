@@ -9,22 +9,17 @@ elapsed wall time and torch's global RNG state. Client sampling and all training
 
 ``resume: true`` makes ``fedpers.app.server_fn`` load the checkpoint into the strategy, rewrite
 ``metrics.jsonl`` with the finished rounds and start Flower's round loop at the next round
-(:class:`ResumableServer`). A checkpoint of another experiment (different config fingerprint) is refused
+(:class:`fedpers.flower_internals.ResumableServer`). A checkpoint of another experiment (different config fingerprint) is refused
 with a clear error.
 """
 
 from __future__ import annotations
 
 import os
-import timeit
-from logging import INFO
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
-from flwr.common.logger import log
-from flwr.server import Server
-from flwr.server.history import History
 
 from fedpers.errors import FedpersError
 from fedpers.state_store import FORMAT_VERSION, MECHANICS_KEYS, atomic_save_npz, config_fingerprint, load_npz
@@ -85,38 +80,3 @@ def _json_safe(value: Any) -> Any:
     from fedpers.results import _clean  # NaN/Inf -> null, numpy scalars -> Python
 
     return _clean(value)
-
-
-class ResumableServer(Server):
-    """Flower's legacy ``Server`` whose round loop starts at ``start_round`` (1 = a fresh run).
-
-    ``Server.fit`` always counts from round 1; this copy of its loop differs only in the first round.
-    """
-
-    def __init__(self, *, start_round: int = 1, **kwargs: Any):
-        super().__init__(**kwargs)
-        self.start_round = int(start_round)
-
-    def fit(self, num_rounds: int, timeout: float | None) -> tuple[History, float]:  # noqa: D102
-        history = History()
-        log(INFO, "[INIT] resuming at round %s of %s", self.start_round, num_rounds)
-        self.parameters = self._get_initial_parameters(server_round=0, timeout=timeout)
-        start_time = timeit.default_timer()
-        for current_round in range(self.start_round, num_rounds + 1):
-            log(INFO, "")
-            log(INFO, "[ROUND %s]", current_round)
-            res_fit = self.fit_round(server_round=current_round, timeout=timeout)
-            if res_fit is not None:
-                parameters_prime, fit_metrics, _ = res_fit
-                if parameters_prime:
-                    self.parameters = parameters_prime
-                history.add_metrics_distributed_fit(server_round=current_round, metrics=fit_metrics)
-            res_cen = self.strategy.evaluate(current_round, parameters=self.parameters)
-            if res_cen is not None:
-                history.add_loss_centralized(server_round=current_round, loss=res_cen[0])
-                history.add_metrics_centralized(server_round=current_round, metrics=res_cen[1])
-            res_fed = self.evaluate_round(server_round=current_round, timeout=timeout)
-            if res_fed is not None and res_fed[0] is not None:
-                history.add_loss_distributed(server_round=current_round, loss=res_fed[0])
-                history.add_metrics_distributed(server_round=current_round, metrics=res_fed[1])
-        return history, timeit.default_timer() - start_time

@@ -56,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     show.add_argument("--keys", action="store_true", help="list every key with its help text")
     sub.add_parser("methods", help="list the registered methods")
+    schema = sub.add_parser("schema", help="the pyproject.toml run-config table generated from the config schema")
+    schema.add_argument("--write-pyproject", action="store_true", help="rewrite [tool.flwr.app.config] in pyproject.toml")
+    schema.add_argument("--check", action="store_true", help="exit 1 when pyproject.toml's table is not the generated one")
     deploy = sub.add_parser("deploy", help="real Flower deployment: SuperLink + SuperNodes (TLS, node auth)")
     dsub = deploy.add_subparsers(dest="deploy_command", required=True)
     local = dsub.add_parser("local", help="run one experiment on a SuperLink and N SuperNodes on 127.0.0.1")
@@ -92,7 +95,7 @@ def preflight(cfg: Config, *, simulation: bool = True) -> None:
     """Everything that can fail on bad input, done before Ray starts: device, data, partition, out dir and,
     for a simulation, memory."""
     from fedpers.app import check_run_dir
-    from fedpers.federation import get_federation
+    from fedpers.registry import federation_for
     from fedpers.training import resolve_device
 
     resolve_device(cfg.device)
@@ -101,7 +104,7 @@ def preflight(cfg: Config, *, simulation: bool = True) -> None:
 
         wandb_module()  # the optional extra is there, before the engine starts
     check_run_dir(cfg)
-    fed = get_federation(cfg)
+    fed = federation_for(cfg)
     if cfg.ray_address:
         from fedpers.cluster import check_data_on_nodes
 
@@ -210,6 +213,24 @@ def cmd_methods(_: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_schema(args: argparse.Namespace) -> int:
+    """Print, write (``--write-pyproject``) or check (``--check``) the generated run-config table."""
+    from fedpers.run_config_table import ROOT, pyproject_in_sync, run_config_table, write_pyproject
+
+    if args.write_pyproject:
+        changed = write_pyproject()
+        print(f"fedpers | {ROOT / 'pyproject.toml'}: run-config table {'rewritten' if changed else 'already up to date'}")
+        return 0
+    if args.check:
+        if pyproject_in_sync():
+            return 0
+        print("fedpers: pyproject.toml's [tool.flwr.app.config] is not the generated table: run "
+              "`fedpers schema --write-pyproject`", file=sys.stderr)
+        return 1
+    print(run_config_table(), end="")
+    return 0
+
+
 def cmd_deploy(args: argparse.Namespace) -> int:
     """``deploy local``: one experiment on a loopback deployment; ``deploy certs``: TLS material and keys."""
     from fedpers import deploy
@@ -237,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``fedpers`` script."""
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     args = _parser().parse_args(argv)
-    handler = {"run": cmd_run, "config": cmd_config, "methods": cmd_methods, "sweep": cmd_sweep, "report": cmd_report, "deploy": cmd_deploy}[args.command]
+    handler = {"run": cmd_run, "config": cmd_config, "methods": cmd_methods, "sweep": cmd_sweep, "report": cmd_report,
+               "schema": cmd_schema, "deploy": cmd_deploy}[args.command]
     try:
         return handler(args)
     except FedpersError as exc:

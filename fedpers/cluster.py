@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 import socket
 
-from fedpers.config import Config
 from fedpers.errors import DataError
+from fedpers.schema import Config
 
 
 def node_identity() -> str:

@@ -16,6 +16,8 @@ import numpy as np
 from fedpers.errors import DataError
 
 NAMED_DATASETS = ("digits", "mnist", "fmnist", "cifar10", "cifar100")
+DOMAIN_DATASETS = ("mnist_usps", "digits_domains")
+DIGITS_SIZE = 28  # common side of MNIST + USPS (USPS 16x16 is upsampled; ours)
 _NPZ_NAMES = {  # file names looked for in data_dir, first match wins
     "mnist": ("mnist.npz",),
     "fmnist": ("fmnist.npz", "fashion_mnist.npz", "fashion-mnist.npz"),
@@ -239,9 +241,7 @@ def load_dataset(dataset: str, data_dir: str = "") -> Dataset:
         return load_npz(dataset)
     if dataset == "digits":
         return load_digits_dataset()
-    from fedpers.domains import DOMAIN_DATASETS, load_domain_dataset
-
-    if dataset in DOMAIN_DATASETS:  # multi-domain sets built from several sources (fedpers/domains.py)
+    if dataset in DOMAIN_DATASETS:  # multi-domain sets built from several sources
         return load_domain_dataset(dataset, data_dir)
     if dataset not in _NPZ_NAMES:
         raise DataError(
@@ -254,3 +254,69 @@ def load_dataset(dataset: str, data_dir: str = "") -> Dataset:
         if (root / fname).is_file():
             return load_npz(root / fname)
     return _load_torchvision(dataset, root)
+
+
+# --- multi-domain datasets (feature skew; split by fedpers/domains.py) ---------------------------------
+def resize_images(x: np.ndarray, size: int) -> np.ndarray:
+    """Bilinear resize of uint8 (N, H, W) images to (N, size, size), uint8."""
+    import torch
+    import torch.nn.functional as F
+
+    if x.shape[1] == size and x.shape[2] == size:
+        return x
+    t = torch.as_tensor(x, dtype=torch.float32)[:, None]
+    out = F.interpolate(t, size=(size, size), mode="bilinear", align_corners=False)
+    return out[:, 0].round().clamp(0, 255).to(torch.uint8).numpy()
+
+
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    if not path.is_file():
+        raise DataError(f"data file not found: {path} (mnist_usps needs mnist.npz and usps.npz in data_dir)")
+    with np.load(path, allow_pickle=False) as f:
+        return {k: f[k] for k in ("x_train", "y_train", "x_test", "y_test")}
+
+
+def load_mnist_usps(data_dir: str | Path, size: int = DIGITS_SIZE):
+    """MNIST + USPS as one two-domain dataset (domain 0 = MNIST, 1 = USPS), images resized to size x size."""
+    root = Path(data_dir) if data_dir else default_data_dir()
+    parts = [_read_npz(root / "mnist.npz"), _read_npz(root / "usps.npz")]
+    arrays: dict[str, list[np.ndarray]] = {k: [] for k in ("x_train", "y_train", "x_test", "y_test", "d_train", "d_test")}
+    for d, part in enumerate(parts):
+        for split in ("train", "test"):
+            arrays[f"x_{split}"].append(resize_images(part[f"x_{split}"], size))
+            arrays[f"y_{split}"].append(part[f"y_{split}"].astype(np.int64))
+            arrays[f"d_{split}"].append(np.full(len(part[f"y_{split}"]), d, np.int64))
+    cat = {k: np.concatenate(v) for k, v in arrays.items()}
+    return from_arrays("mnist_usps", cat["x_train"], cat["y_train"], cat["x_test"], cat["y_test"], num_classes=10,
+                       d_train=cat["d_train"], d_test=cat["d_test"], domain_names=("mnist", "usps"))
+
+
+def load_digits_domains(seed: int = 0):
+    """scikit-learn digits as a tiny two-domain set: each image once, original (domain 0) or inverted
+    (domain 1), half and half by a seeded shuffle (train/test split as :func:`load_digits_dataset`)."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+
+    bunch = load_digits()
+    x = (bunch.images / 16.0 * 255.0).astype(np.uint8)
+    x_tr, x_te, y_tr, y_te = train_test_split(x, bunch.target, test_size=0.2, stratify=bunch.target,
+                                              random_state=0)
+    rng = np.random.default_rng(seed)
+    out = []
+    for xs in (x_tr, x_te):
+        d = (rng.permutation(len(xs)) % 2).astype(np.int64)
+        xs = np.where(d[:, None, None] == 1, 255 - xs, xs).astype(np.uint8)
+        out.append((xs, d))
+    (x_tr, d_tr), (x_te, d_te) = out
+    return from_arrays("digits_domains", x_tr, y_tr, x_te, y_te, num_classes=10, d_train=d_tr, d_test=d_te,
+                       domain_names=("original", "inverted"))
+
+
+def load_domain_dataset(name: str, data_dir: str = ""):
+    """Load one of :data:`DOMAIN_DATASETS` by name."""
+    if name == "mnist_usps":
+        return load_mnist_usps(data_dir)
+    if name == "digits_domains":
+        return load_digits_domains()
+    raise DataError(f"unknown multi-domain dataset '{name}'")

@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedpers.config import Config
 from fedpers.data import Dataset, default_data_dir, load_dataset
 from fedpers.errors import DataError
 from fedpers.partition import Partition, load_partition, make_partition
+from fedpers.schema import Config
 
 # Config keys that determine the data and the split (nothing else may change them).
 DATA_KEYS = ("dataset", "data_dir", "partition", "partition_file", "alpha", "classes_per_client",
@@ -201,12 +201,6 @@ def get_federation(cfg: Config) -> Federation:
         return view  # type: ignore[return-value]  # the client-side subset of Federation's interface
     fed = _federation(*keys)
     _built.add(keys)
-    from fedpers.registry import get_method
-
-    spec = get_method(cfg.method)
-    if spec.needs_aux and len(fed.partition.aux) == 0:
-        source = f"partition file {cfg.partition_file}" if cfg.partition == "file" else "this split"
-        raise DataError(f"method '{cfg.method}' needs the server's auxiliary set Ds, but {source} leaves none")
     return fed
 
 

@@ -23,7 +23,7 @@ from fedpers.partition import Partition
 
 def partitioner_kwargs(text: str) -> dict[str, Any]:
     """The ``flwr_partitioner_args`` mapping (YAML flow or JSON text; '' = none)."""
-    from fedpers.config import read_yaml_text
+    from fedpers.schema import read_yaml_text
 
     if not text.strip():
         return {}

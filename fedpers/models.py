@@ -103,7 +103,7 @@ class SECNN(nn.Module):
     parameters for 3x32x32 inputs and ``feature_dim`` 512 (-468, -0.02%). The residual is a bottleneck
     MLP ``feature_dim -> feature_dim/4 -> feature_dim`` whose last layer starts at zero, so switching the
     gate on does not perturb the features (ours). ``fusion`` is a plain attribute set each round by the
-    client (the schedule of :func:`fedpers.fedeagd.fusion_coefficient`), not model state.
+    client (the schedule of :func:`fedpers.algorithms.fedeagd.fusion_coefficient`), not model state.
     """
 
     def __init__(self, in_channels: int, image_size: tuple[int, int], num_classes: int,

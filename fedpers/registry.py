@@ -1,8 +1,10 @@
-"""The one registry of methods: name -> server Strategy class, client NumPyClient class, headline metric.
+"""The one registry of methods (registry layer): name -> server Strategy class and client NumPyClient class.
 
 Classes are named by import path so that reading the registry (e.g. to validate a config) imports
-neither Flower nor torch. A new method is one entry here plus one file in ``strategies/`` and one in
-``clients/``.
+neither Flower nor torch. A new method is one line here plus its files in ``strategies/`` and
+``clients/`` (see "Adding a method" in CONTRIBUTING.md). What a method is judged by (``metric``) and the
+model it trains (``model_kind``) are declared by its classes; ``needs_aux`` stays here because config
+validation reads it without importing them.
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ class MethodSpec:
     name: str
     strategy: str  # "module:Class" of the server Strategy
     client: str  # "module:Class" of the NumPyClient
-    metric: str  # headline metric: "global_acc" (shared model) or "personalized_macro_acc"
     needs_aux: bool = False  # uses the server's labelled auxiliary set Ds
     paper: str = ""
-    model: str = "cnn"  # model kind passed to fedpers.models.build_model ("cnn" | "se_cnn")
+
+    @property
+    def metric(self) -> str:
+        """Headline metric, as the strategy declares it: "global_acc" or "personalized_macro_acc"."""
+        return self.strategy_class().metric
 
     def strategy_class(self) -> type:
         """Import and return the Strategy class."""
@@ -41,44 +46,44 @@ METHODS: dict[str, MethodSpec] = {
     spec.name: spec
     for spec in (
         MethodSpec("fedavg", "strategies.fedavg:FedAvgStrategy", "clients.fedavg:FedAvgClient",
-                   "global_acc", paper="McMahan et al., AISTATS 2017"),
+                   paper="McMahan et al., AISTATS 2017"),
         MethodSpec("fedprox", "strategies.fedprox:FedProxStrategy", "clients.fedprox:FedProxClient",
-                   "global_acc", paper="Li et al., MLSys 2020"),
+                   paper="Li et al., MLSys 2020"),
         MethodSpec("fedper", "strategies.fedper:FedPerStrategy", "clients.fedper:FedPerClient",
-                   "personalized_macro_acc", paper="Arivazhagan et al., arXiv:1912.00818"),
+                   paper="Arivazhagan et al., arXiv:1912.00818"),
         MethodSpec("pfedkdh", "strategies.pfedkdh:PFedKDHStrategy", "clients.pfedkdh:PFedKDHClient",
-                   "personalized_macro_acc", needs_aux=True, paper="Souza Neto et al., MLSP 2026"),
+                   needs_aux=True, paper="Souza Neto et al., MLSP 2026"),
         MethodSpec("fedeagd", "strategies.fedeagd:FedEAGDStrategy", "clients.fedeagd:FedEAGDClient",
-                   "personalized_macro_acc", paper="FedEAGD (paper summary in shared/papers)", model="se_cnn"),
+                   paper="FedEAGD (paper summary in shared/papers)"),
         MethodSpec("ditto", "strategies.ditto:DittoStrategy", "clients.ditto:DittoClient",
-                   "personalized_macro_acc", paper="Li et al., ICML 2021"),
+                   paper="Li et al., ICML 2021"),
         MethodSpec("pfedme", "strategies.pfedme:PFedMeStrategy", "clients.pfedme:PFedMeClient",
-                   "personalized_macro_acc", paper="Dinh et al., NeurIPS 2020"),
+                   paper="Dinh et al., NeurIPS 2020"),
         MethodSpec("fedrep", "strategies.fedrep:FedRepStrategy", "clients.fedrep:FedRepClient",
-                   "personalized_macro_acc", paper="Collins et al., ICML 2021"),
+                   paper="Collins et al., ICML 2021"),
         MethodSpec("fedbabu", "strategies.fedbabu:FedBABUStrategy", "clients.fedbabu:FedBABUClient",
-                   "personalized_macro_acc", paper="Oh et al., ICLR 2022"),
+                   paper="Oh et al., ICLR 2022"),
         MethodSpec("fedala", "strategies.fedala:FedALAStrategy", "clients.fedala:FedALAClient",
-                   "personalized_macro_acc", paper="Zhang et al., AAAI 2023"),
+                   paper="Zhang et al., AAAI 2023"),
         MethodSpec("fedproto", "strategies.fedproto:FedProtoStrategy", "clients.fedproto:FedProtoClient",
-                   "personalized_macro_acc", paper="Tan et al., AAAI 2022"),
+                   paper="Tan et al., AAAI 2022"),
         MethodSpec("pfedsim", "strategies.pfedsim:PFedSimStrategy", "clients.pfedsim:PFedSimClient",
-                   "personalized_macro_acc", paper="Tan et al., arXiv:2305.15706"),
+                   paper="Tan et al., arXiv:2305.15706"),
         MethodSpec("fedas", "strategies.fedas:FedASStrategy", "clients.fedas:FedASClient",
-                   "personalized_macro_acc", paper="Yang et al., CVPR 2024"),
+                   paper="Yang et al., CVPR 2024"),
         MethodSpec("fedfed", "strategies.fedfed:FedFedStrategy", "clients.fedfed:FedFedClient",
-                   "personalized_macro_acc", paper="Yang et al., NeurIPS 2023"),
+                   paper="Yang et al., NeurIPS 2023"),
         # global federated optimizers (issue 4; JDFL wraps them, see JDFL_BASES)
         MethodSpec("scaffold", "strategies.scaffold:ScaffoldStrategy", "clients.scaffold:ScaffoldClient",
-                   "global_acc", paper="Karimireddy et al., ICML 2020"),
+                   paper="Karimireddy et al., ICML 2020"),
         MethodSpec("feddyn", "strategies.feddyn:FedDynStrategy", "clients.feddyn:FedDynClient",
-                   "global_acc", paper="Acar et al., ICLR 2021"),
+                   paper="Acar et al., ICLR 2021"),
         MethodSpec("feddc", "strategies.feddc:FedDCStrategy", "clients.feddc:FedDCClient",
-                   "global_acc", paper="Gao et al., CVPR 2022"),
+                   paper="Gao et al., CVPR 2022"),
         MethodSpec("fedproc", "strategies.fedproc:FedProcStrategy", "clients.fedproc:FedProcClient",
-                   "global_acc", paper="Mu et al., FGCS 2023"),
+                   paper="Mu et al., FGCS 2023"),
         MethodSpec("moon", "strategies.moon:MoonStrategy", "clients.moon:MoonClient",
-                   "global_acc", paper="Li et al., CVPR 2021"),
+                   paper="Li et al., CVPR 2021"),
     )
 }
 
@@ -118,5 +123,18 @@ def client_class_for(cfg) -> type:
 
 
 def model_kind_of(cfg) -> str:
-    """Model kind of the run: ``cfg.model_kind`` when set, else the method's own."""
-    return str(cfg.get("model_kind", "")) or get_method(cfg.method).model
+    """Model kind of the run: ``cfg.model_kind`` when set, else the one the method's client declares."""
+    return str(cfg.get("model_kind", "")) or client_class_for(cfg).model_kind
+
+
+def federation_for(cfg):
+    """The run's Federation (:func:`fedpers.federation.get_federation`), checked to hold the auxiliary set
+    Ds when the method needs one (a partition file may leave none)."""
+    from fedpers.errors import DataError
+    from fedpers.federation import get_federation
+
+    fed = get_federation(cfg)
+    if get_method(cfg.method).needs_aux and len(fed.partition.aux) == 0:
+        source = f"partition file {cfg.partition_file}" if cfg.partition == "file" else "this split"
+        raise DataError(f"method '{cfg.method}' needs the server's auxiliary set Ds, but {source} leaves none")
+    return fed

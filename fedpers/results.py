@@ -106,7 +106,7 @@ class ResultsWriter:
         if history:
             from fedpers.run_figures import curves_png
 
-            curves_png(history, self.out_dir / "curves.png",
+            curves_png(history, self.out_dir / "curves.png", ACCURACY_PREFIXES,
                        title=f"{summary.get('method', '')} on {Path(str(summary.get('dataset', ''))).name}")
 
 

@@ -20,7 +20,7 @@ def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        from flwr.common.logger import log
+        from flwr.common import log
 
         log(WARNING, "fedpers: matplotlib is not installed: no figures (pip install 'fedpers[plot]')")
         return None
@@ -59,14 +59,14 @@ def label_distribution_png(counts: dict[str, dict[str, list[int]]], path: str | 
     return Path(path)
 
 
-def curves_png(history: list[dict[str, Any]], path: str | Path, title: str = "") -> Path | None:
-    """Each accuracy of the round records (global, personalized macro / weighted and variants) vs round."""
-    from fedpers.results import ACCURACY_PREFIXES
-
+def curves_png(history: list[dict[str, Any]], path: str | Path, accuracy_prefixes: tuple[str, ...],
+               title: str = "") -> Path | None:
+    """Each accuracy of the round records (the keys starting with one of ``accuracy_prefixes``: global,
+    personalized macro / weighted and variants) vs round."""
     plt = _pyplot()
     if plt is None:
         return None
-    keys = sorted({k for r in history for k in r if k.startswith(ACCURACY_PREFIXES) and "_domain_" not in k})
+    keys = sorted({k for r in history for k in r if k.startswith(accuracy_prefixes) and "_domain_" not in k})
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for key in keys:
         points = [(r["round"], 100.0 * r[key]) for r in history if isinstance(r.get(key), (int, float))]

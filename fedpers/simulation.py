@@ -3,7 +3,8 @@
 ``flwr run .`` starts a managed local SuperLink that outlives the command; a research CLI wants one
 process that starts, runs and stops everything. This module drives the same engine that
 ``flwr-simulation`` uses (``flwr.simulation.run_simulation._run_simulation``, pinned flwr 1.42) with the
-project's own ``server_app``/``client_app`` and one SuperNode per client. The run-config reaches the
+project's own ``server_app``/``client_app`` and one SuperNode per client (the private entry point is
+wrapped in :mod:`fedpers.flower_internals`). The run-config reaches the
 simulated SuperNodes through a generated app directory whose ``pyproject.toml`` holds the resolved config.
 """
 
@@ -73,25 +74,15 @@ def run_simulation(cfg: Config, verbose: bool = False) -> None:
 
 def _run_in_engine(cfg: Config, verbose: bool) -> None:
     from flwr.app import Context, RecordDict
-    from flwr.supercore.telemetry import EventType
-    from flwr.simulation.run_simulation import _run_simulation
 
     from fedpers.app import server_app
+    from fedpers.flower_internals import run_simulation_engine
 
     if not verbose:  # after Flower's imports, which set up its logger
         logging.getLogger("flwr").setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="fedpers-app-") as tmp:
         app_dir = write_app_dir(cfg, Path(tmp))
         context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config=cfg.to_dict())
-        _run_simulation(
-            num_supernodes=cfg.num_clients,
-            exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
-            client_app_attr=CLIENT_APP_ATTR,
-            server_app=server_app,
-            backend_name="ray",
-            backend_config=backend_config(cfg),
-            server_app_context=context,
-            app_dir=str(app_dir),
-            verbose_logging=verbose,
-            is_app=True,  # makes the engine read the run-config from app_dir for every SuperNode
-        )
+        run_simulation_engine(num_supernodes=cfg.num_clients, client_app_attr=CLIENT_APP_ATTR, server_app=server_app,
+                              backend_config=backend_config(cfg), server_app_context=context, app_dir=str(app_dir),
+                              verbose=verbose)

@@ -44,7 +44,7 @@ MECHANICS_KEYS = frozenset({
 def config_fingerprint(config: Mapping[str, Any]) -> str:
     """Short hash of the experiment-defining part of a config: the keys that differ from the schema
     defaults, less the run mechanics (so keys added to the schema later, with defaults, change nothing)."""
-    from fedpers.config import defaults  # the schema only (no Flower, no torch)
+    from fedpers.schema import defaults  # no Flower, no torch
 
     default = defaults()
     items = {k: config[k] for k in sorted(config)

@@ -1,4 +1,4 @@
-"""Shared server side of every fedpers method: a Flower ``FedAvg`` strategy that
+"""Shared server side of every fedpers method: a Flower ``Strategy`` (the public legacy API) that
 
 * samples clients reproducibly by partition id (seeded per round),
 * validates every update (count, shapes, dtype, finiteness, sample count) and drops bad ones with a log
@@ -29,24 +29,26 @@ from flwr.common import (
     GetPropertiesIns,
     Parameters,
     Scalar,
+    log,
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
-from flwr.common.logger import log
-from flwr.server.client_manager import ClientManager
+from flwr.server import ClientManager
 from flwr.server.client_proxy import ClientProxy
-from flwr.server.strategy import FedAvg
+from flwr.server.strategy import Strategy
 
-from fedpers.config import Config
 from fedpers.errors import FedpersError
 from fedpers.federation import Federation
 from fedpers.models import Part, array_shapes, build_model, get_arrays, set_arrays
 from fedpers.progress import format_round_line
-from fedpers.registry import get_method, model_kind_of
 from fedpers.results import ACCURACY_PREFIXES, ResultsWriter, accuracy_summary
+from fedpers.schema import Config
 from fedpers.training import accuracy_and_loss, predict_logits, resolve_device
 from fedpers.validation import aggregate_updates, update_problem
+from fedpers.wire import round_config
 
+# The validated uploads of a round: partition id -> (uploaded arrays, sample count), in arrival order.
+Updates = dict[int, tuple[list[np.ndarray], int]]
 PERSONAL_ACC_PREFIX = "acc_"  # extra client metrics "acc_<name>" become "personalized_macro_acc_<name>"
 
 
@@ -55,7 +57,7 @@ def parameters_nbytes(parameters: Parameters) -> int:
     return sum(len(t) for t in parameters.tensors)
 
 
-class FedPersStrategy(FedAvg):
+class FedPersStrategy(Strategy):
     """Base strategy: see module docstring."""
 
     download_part: Part = "all"
@@ -66,18 +68,16 @@ class FedPersStrategy(FedAvg):
     # model on the union of the clients' test splits, instead of each client repeating that forward pass
     # on its own slice of it (no evaluate messages are sent).
     personalized_is_global: bool = False
+    metric: str = "personalized_macro_acc"  # the headline metric of summary.json (FedAvg's family: global_acc)
+    model_kind: str = "cnn"  # fedpers.models.build_model kind, unless cfg.model_kind says otherwise
 
     def __init__(self, cfg: Config, federation: Federation, writer: ResultsWriter | None = None):
-        k = federation.num_clients
-        super().__init__(fraction_fit=cfg.fraction_fit, fraction_evaluate=1.0, min_fit_clients=1,
-                         min_evaluate_clients=k, min_available_clients=k, accept_failures=True)
         self.cfg = cfg
-        self.spec = get_method(cfg.method)
         self.federation = federation
         self.writer = writer
         self.device = resolve_device(cfg.device)
         self.model = build_model(federation.input_shape, federation.num_classes, feature_dim=cfg.feature_dim,
-                                 dropout=cfg.dropout, seed=cfg.seed, kind=model_kind_of(cfg)).to(self.device)
+                                 dropout=cfg.dropout, seed=cfg.seed, kind=cfg.model_kind or self.model_kind).to(self.device)
         self.upload_shapes = array_shapes(self.model, self.upload_part)
         self.partition_of: dict[str, int] = {}  # Flower node id -> partition id
         self.last_fit_digest: dict[int, str] = {}  # partition id -> digest of its state after its last fit
@@ -95,10 +95,11 @@ class FedPersStrategy(FedAvg):
         """Install the aggregated upload part in the global model (methods add server-side steps)."""
         set_arrays(self.model, aggregated, self.upload_part, source="aggregate")
 
-    def aggregate(self, server_round: int, valid: list[tuple[list[np.ndarray], int]]) -> list[np.ndarray]:
-        """Aggregate the validated updates (default: ``aggregate_updates`` with the config's rule); methods
-        that upload server state next to the model (SCAFFOLD, FedDC, FedProc) aggregate it here."""
-        return aggregate_updates(valid, self.cfg.aggregation, self.cfg.trim_fraction)
+    def aggregate(self, server_round: int, updates: Updates) -> list[np.ndarray]:
+        """Aggregate the validated updates, keyed by the partition id that sent them (default:
+        ``aggregate_updates`` with the config's rule); methods that upload server state next to the model
+        (SCAFFOLD, FedDC, FedProc) aggregate it here, per-client methods (pFedSim) keep them by client."""
+        return aggregate_updates(list(updates.values()), self.cfg.aggregation, self.cfg.trim_fraction)
 
     def summary_extras(self) -> dict[str, Any]:
         """Method-specific fields added to ``summary.json`` (default: none)."""
@@ -169,14 +170,14 @@ class FedPersStrategy(FedAvg):
         rng = np.random.default_rng([self.cfg.seed, server_round])
         chosen = [int(p) for p in sorted(rng.choice(k, size=m, replace=False)) if int(p) in proxies]
         self._round["fit_clients"] = chosen
-        ins = FitIns(parameters, {"server_round": server_round})
+        ins = FitIns(parameters, round_config(server_round))
         self._round["bytes_down"] += parameters_nbytes(parameters) * len(chosen)
         return [(proxies[p], ins) for p in chosen]
 
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
                       failures: list[Any]) -> tuple[Parameters | None, dict[str, Scalar]]:
         """Validate every update, drop the bad ones (logged), and aggregate the rest."""
-        valid: list[tuple[list[np.ndarray], int]] = []
+        valid: Updates = {}
         for proxy, res in results:
             self._round["bytes_up"] += parameters_nbytes(res.parameters)
             pid = self.partition_of.get(proxy.cid, "?")
@@ -186,18 +187,20 @@ class FedPersStrategy(FedAvg):
                 arrays, problem = [], f"undecodable arrays ({type(exc).__name__})"
             else:
                 problem = update_problem(arrays, self.upload_shapes, res.num_examples, self._max_samples(pid))
+            if not problem and (not isinstance(pid, int) or pid in valid):
+                problem = "no partition id for this node" if not isinstance(pid, int) else "a second update this round"
             if problem:
                 self._round["rejected"] += 1
                 log(WARNING, "round %d: rejected update from client %s (node %s): %s",
                     server_round, pid, proxy.cid, problem)
                 continue
-            valid.append((arrays, int(res.num_examples)))
-            if isinstance(pid, int) and "node" in res.metrics:
+            valid[pid] = (arrays, int(res.num_examples))
+            if "node" in res.metrics:
                 self._round["fit_nodes"][str(pid)] = str(res.metrics["node"])
             loss = res.metrics.get("train_loss")
             if isinstance(loss, (int, float)) and math.isfinite(loss):
                 self._round["losses"].append((float(loss), int(res.num_examples)))
-            if "state_digest" in res.metrics and isinstance(pid, int):
+            if "state_digest" in res.metrics:
                 self.last_fit_digest[pid] = str(res.metrics["state_digest"])
         for failure in failures:
             self._round["failures"] += 1
@@ -239,7 +242,7 @@ class FedPersStrategy(FedAvg):
             self._finish_round(server_round, self._round["per_client_from_global"], {"client_state_consistent": True})
             return []
         proxies = self._proxies_by_partition(client_manager, server_round)
-        ins = EvaluateIns(parameters, {"server_round": server_round})
+        ins = EvaluateIns(parameters, round_config(server_round))
         self._round["bytes_down"] += parameters_nbytes(parameters) * len(proxies)
         return [(proxies[p], ins) for p in sorted(proxies)]
 
@@ -358,7 +361,7 @@ class FedPersStrategy(FedAvg):
             "method": self.cfg.method,
             "dataset": self.cfg.dataset,
             "rounds": self.cfg.rounds,
-            "metric": self.spec.metric,
+            "metric": self.metric,
             "final": final,
             **accuracy_summary(self.history),  # best (and its round) and mean of the last evaluated rounds
             "client_label_counts": self.federation.client_label_counts(),
@@ -374,7 +377,7 @@ class FedPersStrategy(FedAvg):
         }
         if self.writer is not None:
             self.writer.write_summary(summary, self.history)
-        log(INFO, "fedpers: %s final %s = %s", self.cfg.method, self.spec.metric, final.get(self.spec.metric))
+        log(INFO, "fedpers: %s final %s = %s", self.cfg.method, self.metric, final.get(self.metric))
 
 
 def weighted_mean(per_client: dict[int, float], counts: dict[int, int]) -> float | None:

@@ -3,9 +3,9 @@
 The shared part is the feature extractor (``backbone``; FedAS's ``model.base``), the classifier stays on
 every client. Each sampled client uploads its trained feature extractor and, as one extra array, the
 trace of the empirical Fisher information of its trained model on its data
-(:func:`fedpers.baselines_more.fisher_trace`). The server aggregates the extractors weighted by those
+(:func:`fedpers.algorithms.fedas.fisher_trace`). The server aggregates the extractors weighted by those
 traces, ``theta = sum_k FIM_k theta_k / sum_j FIM_j`` (the authors' ``aggregate_wrt_fisher``,
-:func:`fedpers.baselines_more.fisher_weights`), instead of by sample counts, so that under-trained
+:func:`fedpers.algorithms.fedas.fisher_weights`), instead of by sample counts, so that under-trained
 clients (small Fisher information, e.g. stragglers) contribute less. With ``aggregation: median`` or
 ``trimmed_mean`` the robust rule replaces the Fisher-weighted mean (ours).
 
@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedpers.baselines_more import fisher_weights
+from fedpers.algorithms.fedas import fisher_weights
 from fedpers.models import array_shapes
 from fedpers.validation import aggregate_updates, weighted_average
-from strategies.base import FedPersStrategy
+from strategies.base import FedPersStrategy, Updates
 
 
 class FedASStrategy(FedPersStrategy):
@@ -34,8 +34,9 @@ class FedASStrategy(FedPersStrategy):
         self.upload_shapes = array_shapes(self.model, "backbone") + [(1,)]
         self.last_weights: dict[str, float] = {}
 
-    def aggregate(self, server_round: int, valid: list[tuple[list[np.ndarray], int]]) -> list[np.ndarray]:
+    def aggregate(self, server_round: int, updates: Updates) -> list[np.ndarray]:
         """Fisher-trace-weighted mean of the uploaded backbones."""
+        valid = list(updates.values())
         models = [(arrays[:-1], n) for arrays, n in valid]
         if self.cfg.aggregation != "mean":
             return aggregate_updates(models, self.cfg.aggregation, self.cfg.trim_fraction)

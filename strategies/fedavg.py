@@ -10,3 +10,4 @@ class FedAvgStrategy(FedPersStrategy):
     download_part = "all"
     upload_part = "all"
     personalized_is_global = True  # every client evaluates the global model: read it off one evaluation
+    metric = "global_acc"

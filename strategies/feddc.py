@@ -4,15 +4,17 @@ Broadcast: the global model w and the average update-rate state g (one array per
 start). Upload: the drift-corrected local model theta_i + h_i and the change Delta g_i of the client's
 update-rate state. Server: ``w = mean_i(theta_i + h_i)`` (config's aggregation rule; sample-weighted by
 default, the paper's plain mean for equal sizes) and ``g <- g + (1/N) sum_i Delta g_i`` (the average of
-all N clients' g_i, kept incrementally as in the authors' code; :func:`fedpers.optimizers.feddc_server_state`).
+all N clients' g_i, kept incrementally as in the authors' code; :func:`fedpers.algorithms.feddc.feddc_server_state`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from fedpers.algorithms.feddc import feddc_server_state
+from fedpers.algorithms.server_state import zeros_like
 from fedpers.models import array_shapes, get_arrays, set_arrays
-from fedpers.optimizers import feddc_server_state, zeros_like
+from strategies.base import Updates
 from strategies.scaffold import ServerStateStrategy
 
 
@@ -27,10 +29,10 @@ class FedDCStrategy(ServerStateStrategy):
         """Delta g_i has the model's shapes."""
         return array_shapes(self.model, "all")
 
-    def aggregate(self, server_round: int, valid):
+    def aggregate(self, server_round: int, updates: Updates):
         """w = mean(theta_i + h_i); g += |S|/N mean(Delta g_i)."""
-        models, deltas = self.split(valid)
-        self.server_state = feddc_server_state(self.server_state, self.plain_mean(deltas), len(valid),
+        models, deltas = self.split(updates)
+        self.server_state = feddc_server_state(self.server_state, self.plain_mean(deltas), len(updates),
                                                self.federation.num_clients)
         return self.aggregate_model(models)
 

@@ -2,7 +2,7 @@
 
 Broadcast and upload: the model only. The server keeps h (one array per model array, h^0 = 0) and, with
 the sampled clients' models theta_i^t, sets ``h^t = h^{t-1} - alpha/N sum_i (theta_i^t - theta^{t-1})``
-and ``theta^t = mean(theta_i^t) - h^t / alpha`` (lines 9-10, :func:`fedpers.optimizers.feddyn_server_update`).
+and ``theta^t = mean(theta_i^t) - h^t / alpha`` (lines 9-10, :func:`fedpers.algorithms.feddyn.feddyn_server_update`).
 The mean of the theta_i uses the config's aggregation rule (sample-weighted by default; the paper's plain
 mean for equal client sizes). alpha = ``feddyn_alpha``.
 """
@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedpers.algorithms.feddyn import feddyn_server_update
+from fedpers.algorithms.server_state import zeros_like
 from fedpers.models import get_arrays, set_arrays
-from fedpers.optimizers import feddyn_server_update, zeros_like
+from strategies.base import Updates
 from strategies.scaffold import ServerStateStrategy
 
 
@@ -24,11 +26,11 @@ class FedDynStrategy(ServerStateStrategy):
         super().reset_model_state()
         self.h = zeros_like(get_arrays(self.model, "all"))
 
-    def aggregate(self, server_round: int, valid):
+    def aggregate(self, server_round: int, updates: Updates):
         """Alg. 1 lines 9-10."""
-        models, _ = self.split(valid)
+        models, _ = self.split(updates)
         theta, self.h = feddyn_server_update(self.h, get_arrays(self.model, "all"), self.aggregate_model(models),
-                                             num_sampled=len(valid), num_clients=self.federation.num_clients,
+                                             num_sampled=len(updates), num_clients=self.federation.num_clients,
                                              alpha=self.cfg.feddyn_alpha)
         return theta
 

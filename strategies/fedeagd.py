@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 from flwr.common import FitIns, FitRes, Parameters, Scalar
-from flwr.server.client_manager import ClientManager
+from flwr.server import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
 from fedpers.models import parameter_count
@@ -32,6 +32,7 @@ class FedEAGDStrategy(FedPersStrategy):
     download_part = "backbone"
     upload_part = "backbone"
     has_global_model = False
+    model_kind = "se_cnn"
 
     def prepare_global_model(self) -> None:
         """Count the shared extractor's parameters once (the unit of the communication accounting)."""

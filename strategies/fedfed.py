@@ -25,21 +25,13 @@ from typing import Any
 
 import numpy as np
 from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.common.logger import log
+from flwr.common import log
 
+from fedpers import seeds
+from fedpers.algorithms.fedfed import distill_rounds, empty_shared
 from fedpers.models import get_arrays, parameter_names
 from strategies.base import FedPersStrategy, parameters_nbytes
 from strategies.pfedsim import per_client_fit
-
-
-def distill_rounds(cfg) -> int:
-    """D = min(fedfed_distill_rounds, rounds - 1): at least the last round trains on shared features."""
-    return max(0, min(int(cfg.fedfed_distill_rounds), int(cfg.rounds) - 1))
-
-
-def empty_shared(input_shape) -> list[np.ndarray]:
-    """The two shared-data arrays when nothing is sent: features (0, C, H, W) and labels (0,)."""
-    return [np.zeros((0, *input_shape), np.float32), np.zeros(0, np.float32)]
 
 
 def shared_problem(xs: np.ndarray, ys: np.ndarray, input_shape, num_classes: int, max_rows: int) -> str | None:
@@ -77,7 +69,7 @@ class FedFedStrategy(FedPersStrategy):
         """The global model and a random draw of min(|D_k|, |shared|) shared samples for client ``pid``."""
         n = len(self.shared_y)
         m = min(n, len(self.federation.partition.train[pid]))
-        idx = np.sort(np.random.default_rng([self.cfg.seed, server_round, pid, 7]).choice(n, size=m, replace=False))
+        idx = np.sort(np.random.default_rng([self.cfg.seed, server_round, pid, seeds.FEDFED_SHARED_DRAW]).choice(n, size=m, replace=False))
         return get_arrays(self.model, "all") + [self.shared_x[idx], self.shared_y[idx]]
 
     def configure_fit(self, server_round, parameters, client_manager):

@@ -4,15 +4,16 @@ Broadcast: the model, the global prototypes (C x feature_dim) and a 0/1 availabi
 classes that have a prototype yet. Upload: the model, the client's class prototypes (mean backbone
 feature per class after local training) and its class counts. Server: sample-weighted model average;
 global prototype of class k = count-weighted mean of the clients' class-k prototypes
-(:func:`fedpers.optimizers.aggregate_prototypes`); classes nobody reported keep their prototype.
+(:func:`fedpers.algorithms.fedproc.fedproc_global_prototypes`); classes nobody reported keep their prototype.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from fedpers.algorithms.fedproc import fedproc_global_prototypes
 from fedpers.models import set_arrays
-from fedpers.optimizers import aggregate_prototypes
+from strategies.base import Updates
 from strategies.scaffold import ServerStateStrategy
 
 
@@ -32,14 +33,12 @@ class FedProcStrategy(ServerStateStrategy):
         c, f = self._dims()
         return [(c, f), (c,)]
 
-    def aggregate(self, server_round: int, valid):
+    def aggregate(self, server_round: int, updates: Updates):
         """Model average; count-weighted prototype average."""
-        models, protos = self.split(valid)
+        models, protos = self.split(updates)
         previous, available = self.server_state
-        local = [(a[0], a[1]) for a, _ in protos]
-        counts = np.sum([n for _, n in local], axis=0)
-        self.server_state = [aggregate_prototypes(local, previous),
-                             np.maximum(available, (counts > 0).astype(np.float32))]
+        prototypes, seen = fedproc_global_prototypes([(a[0], a[1]) for a, _ in protos], previous)
+        self.server_state = [prototypes, np.maximum(available, seen)]
         return self.aggregate_model(models)
 
     def apply_aggregate(self, server_round: int, aggregated: list[np.ndarray]) -> None:

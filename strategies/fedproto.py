@@ -2,7 +2,7 @@
 
 No model weights travel. Each sampled client uploads its class prototypes (mean backbone feature per
 class, C x d) and its class counts (C,); the server forms the global prototypes as the count-weighted
-per-class mean of the uploads (Eq. 6, :func:`fedpers.baselines_more.aggregate_prototypes`) and
+per-class mean of the uploads (Eq. 6, :func:`fedpers.algorithms.prototypes.aggregate_prototypes`) and
 broadcasts them with a 0/1 availability mask (C,) of the classes that have one. The whole model stays on
 each client (``clients/fedproto.py``), so there is no global model and no global accuracy; the method is
 judged by personalized macro accuracy (nearest-prototype inference).
@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from fedpers.baselines_more import aggregate_prototypes
-from strategies.base import FedPersStrategy
+from fedpers.algorithms.prototypes import aggregate_prototypes
+from strategies.base import FedPersStrategy, Updates
 
 
 class FedProtoStrategy(FedPersStrategy):
@@ -34,12 +34,12 @@ class FedProtoStrategy(FedPersStrategy):
         self.available = np.zeros(c, np.float32)
         self.upload_shapes = [(c, d), (c,)]
 
-    def aggregate(self, server_round: int, valid: list[tuple[list[np.ndarray], int]]) -> list[np.ndarray]:
+    def aggregate(self, server_round: int, updates: Updates) -> list[np.ndarray]:
         """Eq. 6: count-weighted per-class mean of the uploaded prototypes. A client's class counts are
         bounded by its (validated) sample count: counts summing to more are scaled down (ours), so that
         no client can outweigh the others by inflating its counts."""
         local = []
-        for arrays, n in valid:
+        for arrays, n in updates.values():
             counts = np.clip(np.asarray(arrays[1], dtype=np.float64), 0.0, None)
             if counts.sum() > n:
                 counts = counts * (n / counts.sum())

@@ -29,25 +29,19 @@ from typing import Any
 import numpy as np
 import torch
 from flwr.common import FitIns, ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.common.logger import log
+from flwr.common import log
 
 from fedpers.errors import FedpersError
-from fedpers.jdfl import (adjusted_rand_index, centroid_similarity_weights, class_only_predictions, default_alpha,
-                          discover_domains, graded_domain_row, hard_domain_row, per_domain_accuracy)
+from fedpers.algorithms.jdfl import (adjusted_rand_index, centroid_similarity_weights, class_only_predictions,
+                                     default_alpha, discover_domains, graded_domain_row, hard_domain_row,
+                                     marginal_class_log_probs, per_domain_accuracy)
+from fedpers import seeds
 from fedpers.models import array_shapes, expand_head, get_arrays, layer_subset_names
 from fedpers.training import predict_logits
 from fedpers.validation import update_problem
+from fedpers.wire import JDFL_ROW, float_row, round_config
 from strategies.base import parameters_nbytes
 
-HEAD_SEED_OFFSET = 7919  # seed stream of the expanded head's init (server and clients agree via the broadcast)
-
-
-def marginal_class_log_probs(logits: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """log p(c | x) = logsumexp_d log softmax(logits)_{j(d, c)}: the class marginal of the joint softmax
-    (used for the evaluation loss only; accuracy is class-only argmax)."""
-    m = logits.shape[1] // num_classes
-    log_p = torch.log_softmax(logits, dim=1).view(len(logits), m, num_classes)
-    return torch.logsumexp(log_p, dim=1)
 
 
 class JDFLStrategyMixin:
@@ -68,7 +62,7 @@ class JDFLStrategyMixin:
         state = self.model.state_dict()
         shapes = [tuple(state[n].shape) for n in names]
         params = ndarrays_to_parameters(get_arrays(self.model, "all"))
-        ins = FitIns(params, {"server_round": 0, "jdfl_phase": "discovery"})
+        ins = FitIns(params, round_config(0, jdfl_phase="discovery"))
         timeout = cfg.round_timeout or None
         with ThreadPoolExecutor(max_workers=min(16, max(1, len(proxies)))) as pool:
             futures = {pid: pool.submit(proxy.fit, ins, timeout=timeout, group_id=server_round)
@@ -123,7 +117,7 @@ class JDFLStrategyMixin:
         log(INFO, "JDFL discovery: M=%d (%s), z=%s, ARI=%s", m, self.jdfl_info.get("criterion", "given"),
             self.jdfl_info["assignments"], ari)
         num_classes = self.federation.num_classes
-        expand_head(self.model, m * num_classes, seed=cfg.seed + HEAD_SEED_OFFSET)
+        expand_head(self.model, m * num_classes, seed=cfg.seed + seeds.JDFL_HEAD_OFFSET)
         if hasattr(self, "reset_model_state"):
             self.reset_model_state()  # optimizer state (SCAFFOLD c, FedDyn h, ...) for the new shapes
         else:
@@ -148,7 +142,7 @@ class JDFLStrategyMixin:
         for proxy, ins in pairs:
             pid = self.partition_of[proxy.cid]
             config = {**ins.config, "jdfl_m": self.discovery["M"],
-                      "jdfl_row": ",".join(f"{v:.17g}" for v in self.client_rows.get(pid, np.ones(1)))}
+                      JDFL_ROW: float_row(self.client_rows.get(pid, np.ones(1)))}
             out.append((proxy, FitIns(ins.parameters, config)))
         return out
 

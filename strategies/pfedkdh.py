@@ -15,11 +15,11 @@ from __future__ import annotations
 import numpy as np
 import torch.nn.functional as F
 
+from fedpers import seeds
 from fedpers.errors import FedpersError
 from fedpers.training import recalibrate_head, seed_everything, sgd, train_epochs
 from strategies.base import FedPersStrategy
 
-SERVER_STREAM = 10**6  # seed stream of server-side training, apart from every client's
 
 
 class PFedKDHStrategy(FedPersStrategy):
@@ -34,7 +34,7 @@ class PFedKDHStrategy(FedPersStrategy):
         if len(self.aux) == 0:
             raise FedpersError("pfedkdh needs the server's auxiliary set Ds: set aux_size > 0")
         if self.cfg.warmup_epochs > 0:
-            gen = seed_everything(self.cfg.seed, SERVER_STREAM, 0)
+            gen = seed_everything(self.cfg.seed, seeds.SERVER_TRAINING, 0)
             opt = sgd(self.model.parameters(), self.cfg.lr, self.cfg.momentum, self.cfg.weight_decay)
             train_epochs(self.model, self.aux.x, self.aux.y, epochs=self.cfg.warmup_epochs,
                          batch_size=self.cfg.batch_size, optimizer=opt,
@@ -48,6 +48,6 @@ class PFedKDHStrategy(FedPersStrategy):
             self._recalibrate(server_round)
 
     def _recalibrate(self, server_round: int) -> None:
-        gen = seed_everything(self.cfg.seed, SERVER_STREAM, server_round + 1)
+        gen = seed_everything(self.cfg.seed, seeds.SERVER_TRAINING, server_round + 1)
         recalibrate_head(self.model, self.aux.x, self.aux.y, epochs=self.cfg.recal_epochs,
                          lr=self.cfg.recal_lr, batch_size=self.cfg.batch_size, generator=gen)

@@ -5,7 +5,7 @@ the bilevel Moreau-envelope update (``clients/pfedme.py``), and the server moves
 
     w^{t+1} = (1 - beta) w^t + beta * avg_{i in S^t} w_{i,R}^t          (Alg. 1, server update)
 
-(:func:`fedpers.baselines.beta_mix`; beta = ``pfedme_beta``, 1 = FedAvg). ``avg`` is the configured
+(:func:`fedpers.algorithms.pfedme.beta_mix`; beta = ``pfedme_beta``, 1 = FedAvg). ``avg`` is the configured
 aggregation rule (default: sample-weighted mean, as PFLlib; the paper writes the plain mean over S^t,
 identical for equal client sizes). The personalized models theta_i stay on the clients; the global model
 is evaluated centrally (``global_acc``), the headline is the personalized macro accuracy.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedpers.baselines import beta_mix
+from fedpers.algorithms.pfedme import beta_mix
 from fedpers.models import get_arrays, set_arrays
 from strategies.base import FedPersStrategy
 

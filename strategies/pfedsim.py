@@ -6,10 +6,10 @@
   keeps every client's last uploaded model (feature extractor and classifier; the warm-up model until a
   client uploads) and a similarity matrix S (identity at the start). Each sampled client k gets its own
   broadcast (a per-client ``FitIns``): the models of all clients averaged with the weights
-  :func:`fedpers.baselines_more.pfedsim_weights` of row k of S (its own model while it has no positive
+  :func:`fedpers.algorithms.pfedsim.pfedsim_weights` of row k of S (its own model while it has no positive
   similarity). The client uses the feature extractor and keeps its own classifier
   (``clients/pfedsim.py``). After the round, ``S_ij = max(0, mean_c cos(W_i[c], W_j[c]))`` for every
-  pair of clients that uploaded in it (:func:`fedpers.baselines_more.classifier_similarity`, on the
+  pair of clients that uploaded in it (:func:`fedpers.algorithms.pfedsim.classifier_similarity`, on the
   classifier weights).
 
 ``bytes_down`` sums what is actually sent to each client. Evaluation broadcasts the frozen warm-up model;
@@ -21,18 +21,13 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from flwr.common import FitIns, FitRes, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import FitIns, ndarrays_to_parameters
 from flwr.server.client_proxy import ClientProxy
 
-from fedpers.baselines_more import classifier_similarity, pfedsim_weights
+from fedpers.algorithms.pfedsim import classifier_similarity, pfedsim_weights, warmup_rounds
 from fedpers.models import get_arrays, parameter_names, set_arrays
-from fedpers.validation import update_problem, weighted_average
-from strategies.base import FedPersStrategy, parameters_nbytes
-
-
-def warmup_rounds(cfg) -> int:
-    """W = int(pfedsim_warmup x rounds): rounds 1..W are FedAvg warm-up."""
-    return int(cfg.rounds * cfg.pfedsim_warmup)
+from fedpers.validation import weighted_average
+from strategies.base import FedPersStrategy, Updates, parameters_nbytes
 
 
 def per_client_fit(strategy: FedPersStrategy, pairs: list[tuple[ClientProxy, FitIns]],
@@ -47,20 +42,6 @@ def per_client_fit(strategy: FedPersStrategy, pairs: list[tuple[ClientProxy, Fit
         out.append((proxy, FitIns(params, dict(ins.config))))
     strategy._round["bytes_down"] = sent
     return out
-
-
-def valid_partition_ids(strategy: FedPersStrategy, results: list[tuple[ClientProxy, FitRes]]) -> list[int | str]:
-    """Partition ids of the results the base strategy will accept, in its order (the same checks)."""
-    pids = []
-    for proxy, res in results:
-        pid = strategy.partition_of.get(proxy.cid, "?")
-        try:
-            arrays = parameters_to_ndarrays(res.parameters)
-        except Exception:  # noqa: BLE001 - the base rejects it too
-            continue
-        if update_problem(arrays, strategy.upload_shapes, res.num_examples, strategy._max_samples(pid)) is None:
-            pids.append(pid)
-    return pids
 
 
 class PFedSimStrategy(FedPersStrategy):
@@ -78,7 +59,6 @@ class PFedSimStrategy(FedPersStrategy):
         self.client_models: dict[int, list[np.ndarray]] = {}
         self.frozen: list[np.ndarray] | None = None  # the global model at the end of warm-up
         self.head_weight_index = parameter_names(self.model, "all").index("head.weight")
-        self._valid_pids: list[Any] = []
 
     def personalized_arrays(self, pid: int) -> list[np.ndarray]:
         """Client ``pid``'s personalized model: the pFedSim-weighted average of all clients' last models."""
@@ -96,19 +76,12 @@ class PFedSimStrategy(FedPersStrategy):
             self.frozen = get_arrays(self.model, "all")
         return per_client_fit(self, pairs, self.personalized_arrays)
 
-    def aggregate_fit(self, server_round, results, failures):
-        """Note which partitions' updates are valid (the base passes only their arrays to aggregate)."""
-        self._valid_pids = valid_partition_ids(self, results)
-        return super().aggregate_fit(server_round, results, failures)
-
-    def aggregate(self, server_round: int, valid: list[tuple[list[np.ndarray], int]]) -> list[np.ndarray]:
+    def aggregate(self, server_round: int, updates: Updates) -> list[np.ndarray]:
         """Warm-up: FedAvg. Personalization: store the uploads, update S, keep the frozen global model."""
         if server_round <= self.warmup:
-            return super().aggregate(server_round, valid)
-        pids = self._valid_pids
-        if len(pids) != len(valid):  # cannot happen: same checks as the base
-            raise RuntimeError("pfedsim: valid updates and partition ids differ")
-        for pid, (arrays, _) in zip(pids, valid):
+            return super().aggregate(server_round, updates)
+        pids = list(updates)
+        for pid, (arrays, _) in updates.items():
             self.client_models[int(pid)] = [np.asarray(a) for a in arrays]
         h = self.head_weight_index
         for a, i in enumerate(pids):

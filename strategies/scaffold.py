@@ -3,7 +3,7 @@
 Broadcast: the global model x and the server control variate c (one array per model array). Upload: the
 local model y_i and the control change Delta c_i = c_i+ - c_i. Server: ``x <- x + eta_g mean(y_i - x)``
 (``scaffold_server_lr``; eta_g = 1 gives the average of the y_i) and ``c <- c + |S|/N mean(Delta c_i)``
-(lines 16-17, :func:`fedpers.optimizers.scaffold_server_update`). The model part of the upload is
+(lines 16-17, :func:`fedpers.algorithms.scaffold.scaffold_server_update`). The model part of the upload is
 aggregated with the config's rule (sample-weighted mean by default, the paper's plain mean for equal
 client sizes); Delta c_i with the plain mean of Eq. line 17.
 
@@ -17,9 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from fedpers.algorithms.scaffold import scaffold_server_update
+from fedpers.algorithms.server_state import zeros_like
 from fedpers.models import array_shapes, get_arrays, set_arrays
-from fedpers.optimizers import scaffold_server_update, zeros_like
 from fedpers.validation import aggregate_updates
+from strategies.base import Updates
 from strategies.fedavg import FedAvgStrategy
 
 
@@ -50,10 +52,10 @@ class ServerStateStrategy(FedAvgStrategy):
         """The model followed by the server state."""
         return get_arrays(self.model, "all") + [np.asarray(a) for a in self.server_state]
 
-    def split(self, valid: list[tuple[list[np.ndarray], int]]):
-        """(model updates, extra updates) of the validated uploads."""
+    def split(self, updates: Updates):
+        """(model updates, extra updates) of the validated uploads, each a list in arrival order."""
         n = self.num_model_arrays
-        return [(a[:n], k) for a, k in valid], [(a[n:], k) for a, k in valid]
+        return [(a[:n], k) for a, k in updates.values()], [(a[n:], k) for a, k in updates.values()]
 
     def aggregate_model(self, updates: list[tuple[list[np.ndarray], int]]) -> list[np.ndarray]:
         """The model part with the config's aggregation rule."""
@@ -86,13 +88,13 @@ class ScaffoldStrategy(ServerStateStrategy):
         """Delta c_i has the model's shapes."""
         return array_shapes(self.model, "all")
 
-    def aggregate(self, server_round: int, valid):
+    def aggregate(self, server_round: int, updates: Updates):
         """Alg. 1 lines 16-17."""
-        models, controls = self.split(valid)
+        models, controls = self.split(updates)
         x = get_arrays(self.model, "all")
         new_x, self.server_state = scaffold_server_update(
             x, self.server_state, self.aggregate_model(models), self.plain_mean(controls),
-            num_sampled=len(valid), num_clients=self.federation.num_clients, server_lr=self.cfg.scaffold_server_lr)
+            num_sampled=len(updates), num_clients=self.federation.num_clients, server_lr=self.cfg.scaffold_server_lr)
         return new_x
 
     def apply_aggregate(self, server_round: int, aggregated: list[np.ndarray]) -> None:

@@ -1,4 +1,4 @@
-"""Personalized baselines Ditto, pFedMe, FedRep, FedBABU, FedALA: their math (fedpers/baselines.py) on
+"""Personalized baselines Ditto, pFedMe, FedRep, FedBABU, FedALA: their math (fedpers/algorithms/) on
 small tensors, their clients' defining computations without a Flower run, their per-client state, their
 config keys and ready configs. End-to-end runs are in test_simulation.py (parametrized over the registry)."""
 
@@ -9,24 +9,15 @@ import torch.nn.functional as F
 from flwr.app import Context, RecordDict
 from torch import nn
 
-from clients.ditto import PERSONAL_STATE as DITTO_STATE
-from clients.ditto import DittoClient
+from clients.ditto import PERSONAL_STATE as DITTO_STATE, DittoClient
 from clients.fedala import LOCAL_STATE, WEIGHTS_STATE, FedALAClient
 from clients.fedbabu import FedBABUClient
 from clients.fedrep import FedRepClient
-from clients.pfedme import PERSONAL_STATE as PFEDME_STATE
-from clients.pfedme import PFedMeClient
-from fedpers.baselines import (
-    ala_combine,
-    ala_weight_update,
-    beta_mix,
-    fine_tune_copy,
-    learn_ala_weights,
-    personal_objective,
-    pfedme_inner_solve,
-    pfedme_local_update,
-    top_parameter_names,
-)
+from clients.pfedme import PERSONAL_STATE as PFEDME_STATE, PFedMeClient
+from fedpers.algorithms.ditto import personal_objective
+from fedpers.algorithms.fedala import ala_combine, ala_weight_update, learn_ala_weights, top_parameter_names
+from fedpers.algorithms.fedbabu import fine_tune_copy
+from fedpers.algorithms.pfedme import beta_mix, pfedme_inner_solve, pfedme_local_update
 from fedpers.config import KEYS, build_config, load_config
 from fedpers.errors import ConfigError
 from fedpers.federation import get_federation

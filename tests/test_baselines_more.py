@@ -1,4 +1,4 @@
-"""Personalized baselines FedProto, pFedSim, FedAS, FedFed: their math (fedpers/baselines_more.py) on
+"""Personalized baselines FedProto, pFedSim, FedAS, FedFed: their math (fedpers/algorithms/) on
 small tensors, their clients' and strategies' defining computations without a Flower run, per-client
 state, config keys and ready configs. End-to-end runs are in test_simulation.py (parametrized over the
 registry)."""
@@ -14,31 +14,18 @@ from torch import nn
 from clients.fedas import FedASClient
 from clients.fedfed import DISTILLER_STATE, SHARED_FLAG, FedFedClient
 from clients.fedproto import FedProtoClient
-from clients.pfedsim import LOCAL_STATE as PFEDSIM_STATE
-from clients.pfedsim import PFedSimClient
-from fedpers.baselines_more import (
-    FeatureDistiller,
-    aggregate_prototypes,
-    align_backbone,
-    class_prototypes,
-    classifier_similarity,
-    fedas_alignment_loss,
-    fedfed_distill_loss,
-    fedproto_loss,
-    fisher_trace,
-    fisher_weights,
-    nearest_prototype,
-    pfedsim_weights,
-    sensitive_features,
-)
+from clients.pfedsim import LOCAL_STATE as PFEDSIM_STATE, PFedSimClient
+from fedpers.algorithms.fedas import align_backbone, fedas_alignment_loss, fisher_trace, fisher_weights
+from fedpers.algorithms.fedfed import FeatureDistiller, fedfed_distill_loss, sensitive_features, distill_rounds
+from fedpers.algorithms.fedproto import fedproto_loss, nearest_prototype
+from fedpers.algorithms.pfedsim import classifier_similarity, pfedsim_weights, warmup_rounds
+from fedpers.algorithms.prototypes import aggregate_prototypes, class_prototypes
 from fedpers.config import KEYS, build_config
 from fedpers.errors import ConfigError
 from fedpers.federation import get_federation
 from fedpers.models import get_arrays, parameter_names
 from fedpers.registry import METHODS
 from strategies.base import FedPersStrategy, parameters_nbytes
-from strategies.fedfed import distill_rounds
-from strategies.pfedsim import warmup_rounds
 from tests.conftest import TinyNet, arrays_equal, tiny_overrides, toy_data
 
 METHODS_MORE = ("fedproto", "pfedsim", "fedas", "fedfed")
@@ -117,7 +104,7 @@ def test_fedproto_server_bounds_inflated_class_counts():
     honest[1][0] = 10
     liar = [np.ones((c, d), np.float32), np.zeros(c, np.float32)]
     liar[1][0] = 1e6  # claims a million class-0 samples but reports 10 examples
-    protos, _ = strategy.aggregate(1, [(honest, 10), (liar, 10)])
+    protos, _ = strategy.aggregate(1, {0: (honest, 10), 1: (liar, 10)})
     np.testing.assert_allclose(protos[0], 0.5)  # both weigh 10
 
 
@@ -133,7 +120,7 @@ def test_fedproto_round_trip_uploads_prototypes_and_keeps_the_model():
         up, n, m = FedProtoClient(cfg, ctx).fit(down, {"server_round": 1})
         assert [a.shape for a in up] == [(c, d), (c,)] and up[1].sum() == n  # counts = class histogram
         ups.append((up, n))
-    strategy.apply_aggregate(1, strategy.aggregate(1, ups))
+    strategy.apply_aggregate(1, strategy.aggregate(1, dict(enumerate(ups))))
     protos, mask = strategy.download_arrays()
     expected, _ = aggregate_prototypes([(u[0], u[1]) for u, _ in ups])
     np.testing.assert_allclose(protos, expected)
@@ -176,8 +163,7 @@ def test_pfedsim_server_sends_each_client_its_own_similarity_weighted_model():
     h = strategy.head_weight_index
     models[1][h] = models[0][h].copy()
     models[2][h] = -models[0][h]
-    strategy._valid_pids = [0, 1, 2]
-    strategy.aggregate(3, [(models[p], 10) for p in range(3)])
+    strategy.aggregate(3, {p: (models[p], 10) for p in range(3)})  # keyed by the client that sent it
     assert strategy.similarity[0, 1] == pytest.approx(1.0, abs=1e-6) and strategy.similarity[0, 2] == 0.0
     got = strategy.personalized_arrays(0)
     w = pfedsim_weights(strategy.similarity[0], 0)
@@ -261,7 +247,8 @@ def test_fedas_server_weights_extractors_by_fisher_trace():
     assert shapes[-1] == (1,) and len(shapes) == len(parameter_names(strategy.model, "backbone")) + 1
     a = [np.zeros(s, np.float32) for s in shapes[:-1]]
     b = [np.ones(s, np.float32) for s in shapes[:-1]]
-    out = strategy.aggregate(1, [(a + [np.array([1.0], np.float32)], 100), (b + [np.array([3.0], np.float32)], 1)])
+    out = strategy.aggregate(1, {0: (a + [np.array([1.0], np.float32)], 100),
+                                1: (b + [np.array([3.0], np.float32)], 1)})
     np.testing.assert_allclose(out[0], 0.75)  # Fisher weights 1/4, 3/4 regardless of sample counts
 
 

@@ -22,6 +22,17 @@ def test_pyproject_run_config_is_the_quickstart_over_schema_defaults():
     assert flower == load_config(ROOT / "configs" / "quickstart.yaml").to_dict()
 
 
+def test_pyproject_run_config_table_is_the_generated_one_and_a_hand_edit_is_caught(tmp_path):
+    from fedpers.run_config_table import pyproject_in_sync, write_pyproject
+
+    assert pyproject_in_sync(ROOT / "pyproject.toml")
+    edited = tmp_path / "pyproject.toml"
+    edited.write_text((ROOT / "pyproject.toml").read_text().replace('\nrounds = 20\n', '\nrounds = 21\n'))
+    assert not pyproject_in_sync(edited)
+    assert write_pyproject(edited) and edited.read_text() == (ROOT / "pyproject.toml").read_text()
+    assert not write_pyproject(edited)
+
+
 def test_set_values_are_parsed_as_yaml_scalars():
     assert parse_set_arguments(["alpha=0.05", "method=pfedkdh", "rounds=3", "data_dir="]) == {
         "alpha": 0.05, "method": "pfedkdh", "rounds": 3, "data_dir": ""}

@@ -9,15 +9,9 @@ import torch.nn.functional as F
 
 from clients.fedeagd import TEACHER_STATE, FedEAGDClient
 from fedpers.config import build_config
-from fedpers.fedeagd import (
-    distillation_coefficient,
-    ema_update,
-    fedeagd_coefficients,
-    fusion_coefficient,
-    historical_distillation,
-    per_sample_distillation,
-    representation_drift,
-)
+from fedpers.algorithms.fedeagd import (distillation_coefficient, ema_update, fedeagd_coefficients,
+                                        fusion_coefficient, historical_distillation, per_sample_distillation,
+                                        representation_drift)
 from fedpers.federation import get_federation
 from fedpers.models import array_shapes, build_model, get_arrays, parameter_count, parameter_names, set_arrays
 from fedpers.training import frozen_copy

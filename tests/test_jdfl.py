@@ -7,17 +7,19 @@ import torch
 import torch.nn.functional as F
 from flwr.app import Context, RecordDict
 
+from fedpers.algorithms.jdfl import (adjusted_rand_index, centroid_similarity_weights, class_of_joint,
+                                     class_only_accuracy, class_only_predictions, default_alpha,
+                                     discover_domains, elbow_choice, graded_domain_row, graded_targets,
+                                     hard_domain_row, joint_index, random_targets, soft_target_loss,
+                                     targets_from_domain_row)
 from fedpers.config import build_config
-from fedpers.data import load_npz
-from fedpers.domains import domain_client_map, domain_partition, load_digits_domains
+from fedpers.data import load_digits_domains, load_npz
+from fedpers.domains import domain_client_map, domain_partition
 from fedpers.errors import ConfigError, DataError
 from fedpers.federation import get_federation
-from fedpers.jdfl import (adjusted_rand_index, centroid_similarity_weights, class_of_joint, class_only_accuracy,
-                          class_only_predictions, default_alpha, discover_domains, elbow_choice, graded_domain_row,
-                          graded_targets, hard_domain_row, joint_index, random_targets, soft_target_loss,
-                          targets_from_domain_row)
 from fedpers.models import array_shapes, build_model, layer_subset_names
 from fedpers.registry import JDFL_BASES, client_class_for, strategy_class_for
+from fedpers.wire import float_row, round_config
 from tests.conftest import tiny_overrides
 
 C = 3
@@ -245,8 +247,7 @@ def test_discovery_round_expands_head_and_optimizer_state():
     z0 = found.assignments[0]
     assert strategy.client_rows[0][z0] == pytest.approx(0.55) and strategy.client_rows[0].sum() == pytest.approx(1)
     params = strategy.download_arrays()
-    up, _, _ = client_cls(cfg, ctxs[0]).fit(params, {"server_round": 1, "jdfl_m": 2,
-                                                     "jdfl_row": ",".join(map(str, strategy.client_rows[0]))})
+    up, _, _ = client_cls(cfg, ctxs[0]).fit(params, round_config(1, jdfl_m=2, jdfl_row=float_row(strategy.client_rows[0])))
     assert [a.shape for a in up] == strategy.upload_shapes
     _, _, metrics = client_cls(cfg, ctxs[1]).evaluate(params, {"server_round": 1})
     assert 0.0 <= metrics["acc"] <= 1.0

@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedpers.losses import distillation_kl, pfedkdh_objective, proximal_term
+from fedpers.algorithms.pfedkdh import pfedkdh_objective
+from fedpers.losses import distillation_kl, proximal_term
 
 
 def test_distillation_kl_known_value():

@@ -1,4 +1,4 @@
-"""Math of SCAFFOLD, FedDyn, FedDC, FedProc and MOON (fedpers/optimizers.py) and their clients' state
+"""Math of SCAFFOLD, FedDyn, FedDC, FedProc and MOON (fedpers/algorithms/) and their clients' state
 handling, without a Flower run. End-to-end runs: tests/test_simulation.py (every registered method)."""
 
 import numpy as np
@@ -9,13 +9,16 @@ from flwr.app import Context, RecordDict
 from clients.feddc import FedDCClient
 from clients.feddyn import FedDynClient
 from clients.scaffold import ScaffoldClient
+from fedpers.algorithms.feddc import feddc_corrected_model, feddc_server_state, feddc_update_drift
+from fedpers.algorithms.feddyn import feddyn_client_state, feddyn_regularizer, feddyn_server_update
+from fedpers.algorithms.fedproc import fedproc_global_prototypes, prototype_contrastive_loss
+from fedpers.algorithms.moon import moon_contrastive_loss
+from fedpers.algorithms.prototypes import class_prototypes
+from fedpers.algorithms.scaffold import scaffold_client_control, scaffold_correction, scaffold_server_update
+from fedpers.algorithms.server_state import linear_term, local_steps
 from fedpers.config import build_config
 from fedpers.federation import get_federation
 from fedpers.models import get_arrays
-from fedpers.optimizers import (aggregate_prototypes, class_prototypes, feddc_corrected_model, feddc_server_state,
-                                feddc_update_drift, feddyn_client_state, feddyn_regularizer, feddyn_server_update,
-                                linear_term, local_steps, moon_contrastive_loss, prototype_contrastive_loss,
-                                scaffold_client_control, scaffold_correction, scaffold_server_update)
 from strategies.feddyn import FedDynStrategy
 from strategies.scaffold import ScaffoldStrategy
 from tests.conftest import tiny_overrides
@@ -73,7 +76,7 @@ def test_scaffold_client_and_server_round_trip():
     for a, b in zip(stored, expected):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
     # the server: x = mean y (eta_g = 1), c = |S|/N * mean dc
-    new_x = strategy.aggregate(1, [(up, n)])
+    new_x = strategy.aggregate(1, {0: (up, n)})
     for a, b in zip(new_x, y):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     for a, b in zip(strategy.server_state, dc):
@@ -117,7 +120,7 @@ def test_feddyn_client_keeps_its_gradient_state():
     state = ctx.state["fedpers.feddyn_grad"].to_numpy_ndarrays()
     for s, t, g in zip(state, up, params):
         np.testing.assert_allclose(s, -0.1 * (t - g), rtol=1e-4, atol=1e-7)
-    theta = strategy.aggregate(1, [(up, n)])
+    theta = strategy.aggregate(1, {0: (up, n)})
     for a, t, h in zip(theta, up, strategy.h):
         np.testing.assert_allclose(a, t - h / 0.1, rtol=1e-4, atol=1e-6)
 
@@ -162,9 +165,11 @@ def test_prototypes_and_their_aggregation():
     np.testing.assert_allclose(counts, [2, 0, 1])
     other = (np.array([[4.0, 0.0], [1.0, 1.0], [0.0, 0.0]]), np.array([2.0, 1.0, 0.0]))
     prev = np.full((3, 2), 9.0)
-    g = aggregate_prototypes([(protos, counts), other], prev)
+    g, seen = fedproc_global_prototypes([(protos, counts), other], prev)
+    np.testing.assert_array_equal(seen, [1, 1, 1])
     np.testing.assert_allclose(g, [[3.0, 0.0], [1.0, 1.0], [0.0, 2.0]])
-    g2 = aggregate_prototypes([(protos, np.zeros(3))], prev)
+    g2, seen2 = fedproc_global_prototypes([(protos, np.zeros(3))], prev)
+    np.testing.assert_array_equal(seen2, [0, 0, 0])
     np.testing.assert_allclose(g2, prev)  # nobody reported: keep the previous prototypes
 
 

@@ -8,6 +8,7 @@ from fedpers.data import load_digits_dataset
 from fedpers.errors import ConfigError, DataError
 from fedpers.federation import get_federation
 from fedpers.partition import load_partition, make_partition, save_partition
+from fedpers.registry import federation_for
 from fedpers.results import read_metrics
 from fedpers.simulation import run_simulation
 from tests.conftest import tiny_overrides
@@ -91,7 +92,7 @@ def test_method_needing_aux_says_none_is_left(digits, tmp_path):
     path = write(tmp_path, "noaux.npz", pflib_style_joined(digits, num_clients=4, aux=0))
     cfg = build_config(tiny_overrides(method="pfedkdh", partition="file", partition_file=path, num_clients=4))
     with pytest.raises(DataError, match="needs the server's auxiliary set Ds, but partition file .* leaves none"):
-        get_federation(cfg)
+        federation_for(cfg)
     with pytest.raises(DataError, match="not found"):
         get_federation(cfg.replace(partition_file=str(tmp_path / "missing.npz")))
 

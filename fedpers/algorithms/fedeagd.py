@@ -3,7 +3,7 @@
 FedEAGD (per-sample drift-aware historical distillation with progressive gated residual fusion). We work
 from a paper summary (``shared/papers/fedeagd-summary.txt``) that states the rules in words but gives no
 equation numbers; each function quotes the rule it implements. Values the summary leaves out are config
-keys whose defaults are ours (see ``fedpers/config.py``, section FedEAGD, and the README).
+keys whose defaults are ours (see ``fedpers/schema.py``, section FedEAGD, and docs/methods.md).
 
 * EMA teacher: ``theta_T <- beta theta_T + (1 - beta) theta_k`` (:func:`ema_update`).
 * Per-sample drift: ``d_i = 1 - cos(z_i, t_i)`` with ``z_i`` the current shared representation and ``t_i``

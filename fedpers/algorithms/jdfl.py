@@ -233,3 +233,11 @@ def adjusted_rand_index(true_domains, assignments) -> float:
     from sklearn.metrics import adjusted_rand_score
 
     return float(adjusted_rand_score(list(true_domains), list(assignments)))
+
+
+def marginal_class_log_probs(logits: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """log p(c | x) = logsumexp_d log softmax(logits)_{j(d, c)}: the class marginal of the joint softmax
+    (used for the evaluation loss only; accuracy is class-only argmax)."""
+    m = logits.shape[1] // num_classes
+    log_p = torch.log_softmax(logits, dim=1).view(len(logits), m, num_classes)
+    return torch.logsumexp(log_p, dim=1)

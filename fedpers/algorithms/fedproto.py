@@ -1,0 +1,38 @@
+"""FedProto (Tan et al., AAAI 2022): the local loss (Eq. 8) and nearest-prototype inference; the
+prototypes themselves are :mod:`fedpers.algorithms.prototypes`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def fedproto_loss(logits: torch.Tensor, features: torch.Tensor, y: torch.Tensor, prototypes: torch.Tensor,
+                  available: torch.Tensor, lam: float) -> torch.Tensor:
+    """FedProto local objective (Eq. 8) on one mini-batch:
+    ``L_S(F(x), y) + lambda * || f(x) - C_bar^(y) ||^2``, the cross-entropy plus the distance of each
+    sample's feature to the global prototype of its class. As in FedProto's code the squared distance is
+    ``nn.MSELoss`` (mean over samples and feature entries). Samples of classes without a global prototype
+    (mask 0, e.g. round 1) add no regulariser term."""
+    ce = F.cross_entropy(logits, y)
+    if lam == 0:
+        return ce
+    keep = available[y]
+    if not bool(keep.any()):
+        return ce
+    return ce + lam * F.mse_loss(features[keep], prototypes[y[keep]].detach())
+
+
+def prototype_distances(features: torch.Tensor, prototypes: torch.Tensor, available: torch.Tensor) -> torch.Tensor:
+    """Squared Euclidean distance of every feature to every prototype (N x C); +inf for classes without
+    a prototype."""
+    d = torch.cdist(features.double(), prototypes.double()).pow(2)
+    return d.masked_fill(~available[None, :], float("inf"))
+
+
+def nearest_prototype(features: torch.Tensor, prototypes: torch.Tensor, available: torch.Tensor) -> torch.Tensor:
+    """FedProto inference (prototype-based, as the paper and its code): the predicted class of a sample
+    is the class of the prototype nearest (squared L2) to its feature, among the classes that have one."""
+    return prototype_distances(features, prototypes, available).argmin(dim=1)
