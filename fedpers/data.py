@@ -186,13 +186,13 @@ def load_digits_dataset() -> Dataset:
     x_tr, x_te, y_tr, y_te = train_test_split(
         x, bunch.target, test_size=0.2, stratify=bunch.target, random_state=0
     )
-    _save_quietly(cache, x_train=x_tr, y_train=y_tr, x_test=x_te, y_test=y_te)
+    save_npz_quietly(cache, 0o644, x_train=x_tr, y_train=y_tr, x_test=x_te, y_test=y_te)
     return from_arrays("digits", x_tr, y_tr, x_te, y_te, num_classes=10)
 
 
-def _save_quietly(path: Path, **arrays: np.ndarray) -> None:
-    """Write ``arrays`` to ``path`` atomically (a temp file renamed), or not at all if that fails: a
-    cache must never leave a half-written file for another process to read."""
+def save_npz_quietly(path: Path, mode: int, **arrays: np.ndarray) -> None:
+    """Write ``arrays`` to ``path`` (file mode ``mode``) atomically, a temp file renamed, or not at all if
+    that fails: a cache must never leave a half-written file for another process to read."""
     import tempfile
 
     try:
@@ -203,7 +203,7 @@ def _save_quietly(path: Path, **arrays: np.ndarray) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             np.savez(f, **arrays)
-        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; the data is public and other users may share the cache
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except OSError:
         Path(tmp).unlink(missing_ok=True)

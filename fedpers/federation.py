@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedpers.data import Dataset, default_data_dir, load_dataset
+from fedpers.data import Dataset, default_data_dir, load_dataset, save_npz_quietly
 from fedpers.errors import DataError
 from fedpers.partition import Partition, load_partition, make_partition
 from fedpers.schema import Config
@@ -290,20 +290,9 @@ def _read_slice(path: Path, keys: tuple, partition_id: int) -> ClientSlice | Non
 
 
 def _write_slice(path: Path, fed: Federation, partition_id: int) -> None:
-    """Save the slice atomically (temp file renamed); a failure leaves no file and changes nothing else."""
-    import tempfile
-
+    """Save the slice atomically; a failure leaves no file and changes nothing else. Private (0600) as
+    the client state beside it."""
     data = fed.client(partition_id, torch.device("cpu"))
     meta = json.dumps({"num_clients": fed.num_clients, "num_classes": fed.num_classes})
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".npz", dir=path.parent)
-    except OSError:
-        return
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, x_train=data.train.x.numpy(), y_train=data.train.y.numpy(), x_test=data.test.x.numpy(),
-                     y_test=data.test.y.numpy(), meta=np.array(meta))
-        os.replace(tmp, path)
-    except OSError:
-        Path(tmp).unlink(missing_ok=True)
+    save_npz_quietly(path, 0o600, x_train=data.train.x.numpy(), y_train=data.train.y.numpy(),
+                     x_test=data.test.x.numpy(), y_test=data.test.y.numpy(), meta=np.array(meta))
