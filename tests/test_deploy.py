@@ -457,3 +457,29 @@ def test_superexec_needs_the_shared_secret(tmp_path):
         summary = dep.run(cfg, timeout=RUN_TIMEOUT)  # the SuperExec holding the secret serves the run
         assert summary["rounds"] == 1 and dep.executors[0].alive()
         assert "launch" not in rogue.log_path.read_text().lower()
+
+
+def test_deploy_without_nginx_is_one_line_before_anything_starts(tmp_path, monkeypatch):
+    from fedpers import deploy
+
+    monkeypatch.setattr(deploy.shutil, "which", lambda name: None)
+    monkeypatch.setattr(deploy.os, "access", lambda path, mode: False)
+    dep = deploy.LocalDeployment(tmp_path / "d", num_nodes=1)
+    with pytest.raises(FedpersError, match="nginx not found: .*apt-get install nginx-light"):
+        dep.start()
+    assert dep.superlink is None and not (tmp_path / "d").exists()  # nothing started, nothing written
+
+
+def test_proxy_template_renders_every_variable(tmp_path):
+    from fedpers.deploy import PROXY_TEMPLATE, render_proxy_conf
+
+    conf = render_proxy_conf(superlink="127.0.0.1:1", fleet_listen="127.0.0.1:2", control_listen="127.0.0.1:3",
+                             cert=tmp_path / "s.pem", key=tmp_path / "s.key", ca=tmp_path / "ca.crt",
+                             tls_name="localhost")
+    assert "${" not in conf and "$" not in conf.replace("$host", "")  # nginx variables stay out of the template
+    assert "listen 127.0.0.1:2 ssl;" in conf and "listen 127.0.0.1:3 ssl;" in conf
+    assert conf.count("location /v1/fleet/") == 1 and conf.count("location /v1/control/") == 1
+    assert conf.count("return 403;") == 2
+    assert set(re.findall(r"\$\{(\w+)\}", PROXY_TEMPLATE.read_text())) == {
+        "SUPERLINK_ADDRESS", "FLEET_LISTEN", "CONTROL_LISTEN", "PROXY_CERT", "PROXY_KEY", "SUPERLINK_CA",
+        "SUPERLINK_TLS_NAME"}
