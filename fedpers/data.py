@@ -166,7 +166,14 @@ DIGITS_CACHE = "digits-80-20-rs0.npz"  # the split below, saved once per machine
 
 
 def load_digits_dataset() -> Dataset:
-    """scikit-learn's 8x8 digits, split 80/20 (stratified, fixed random_state=0).
+    """scikit-learn's 8x8 digits, split 80/20 (stratified, fixed random_state=0)."""
+    x_tr, y_tr, x_te, y_te = digits_split()
+    return from_arrays("digits", x_tr, y_tr, x_te, y_te, num_classes=10)
+
+
+def digits_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(x_train, y_train, x_test, y_test) of scikit-learn's digits as uint8 8x8 images, split 80/20
+    (stratified, fixed random_state=0).
 
     The split is saved once as ``default_data_dir()/digits-80-20-rs0.npz`` and read from there: a deployed
     SuperNode starts a process for every message, and importing scikit-learn to rebuild the same arrays
@@ -175,7 +182,7 @@ def load_digits_dataset() -> Dataset:
     cache = default_data_dir() / DIGITS_CACHE
     try:
         with np.load(cache, allow_pickle=False) as f:
-            return from_arrays("digits", f["x_train"], f["y_train"], f["x_test"], f["y_test"], num_classes=10)
+            return f["x_train"], f["y_train"], f["x_test"], f["y_test"]
     except (OSError, KeyError, ValueError):
         pass
     from sklearn.datasets import load_digits
@@ -187,7 +194,7 @@ def load_digits_dataset() -> Dataset:
         x, bunch.target, test_size=0.2, stratify=bunch.target, random_state=0
     )
     save_npz_quietly(cache, 0o644, x_train=x_tr, y_train=y_tr, x_test=x_te, y_test=y_te)
-    return from_arrays("digits", x_tr, y_tr, x_te, y_te, num_classes=10)
+    return x_tr, y_tr, x_te, y_te
 
 
 def save_npz_quietly(path: Path, mode: int, **arrays: np.ndarray) -> None:
@@ -294,14 +301,7 @@ def load_mnist_usps(data_dir: str | Path, size: int = DIGITS_SIZE):
 def load_digits_domains(seed: int = 0):
     """scikit-learn digits as a tiny two-domain set: each image once, original (domain 0) or inverted
     (domain 1), half and half by a seeded shuffle (train/test split as :func:`load_digits_dataset`)."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-
-    bunch = load_digits()
-    x = (bunch.images / 16.0 * 255.0).astype(np.uint8)
-    x_tr, x_te, y_tr, y_te = train_test_split(x, bunch.target, test_size=0.2, stratify=bunch.target,
-                                              random_state=0)
+    x_tr, y_tr, x_te, y_te = digits_split()
     rng = np.random.default_rng(seed)
     out = []
     for xs in (x_tr, x_te):
