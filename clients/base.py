@@ -30,7 +30,7 @@ from fedpers.errors import ClientUpdateError, ConfigError
 from fedpers.federation import get_federation
 from fedpers.models import Part, build_model, get_arrays, set_arrays
 from fedpers.schema import Config, parse_id_list
-from fedpers.state_store import ClientStateStore, config_fingerprint
+from fedpers.state_store import ClientStateStore, config_fingerprint, state_dir_of
 from fedpers.training import evaluate, resolve_device, seed_everything, sgd, train_epochs
 from fedpers.validation import corrupt_update
 from fedpers.wire import server_round_of
@@ -159,7 +159,7 @@ class FedPersClient(NumPyClient):
     def state_store(self) -> ClientStateStore | None:
         """This client's on-disk state (node config ``state-dir``, else ``client_state_dir``); None = memory only."""
         if "_state_store" not in self.__dict__:
-            root = str(self.context.node_config.get("state-dir", "") or self.cfg.client_state_dir)
+            root = state_dir_of(self.context.node_config, self.cfg.client_state_dir)
             if self.cfg.client_state_spill and not root:
                 raise ConfigError("config key 'client_state_spill': needs client_state_dir (fedpers run sets "
                                   "<out_dir>/client_state) or the node config's state-dir")

@@ -27,9 +27,10 @@ from flwr.client import ClientApp
 from fedpers.config import Config, from_run_config
 from fedpers.federation import use_client_slice
 from fedpers.registry import client_class_for
+from fedpers.state_store import state_dir_of
 
 TIMING_ENV = "FEDPERS_MESSAGE_TIMING"
-_client_built_at: list[float] = []  # set by client_fn, read by the timing mod of the same message
+_client_built_at: list[float] = []  # one slot: set by client_fn, read by the timing mod of the same message
 
 
 @functools.lru_cache(maxsize=8)
@@ -52,7 +53,7 @@ def client_fn(context: Context):
     cfg = config_of(context)
     _limit_threads(max(1, int(cfg.client_cpus)))
     client = client_class_for(cfg)(cfg, context).to_client()
-    _client_built_at.append(time.time())
+    _client_built_at[:] = [time.time()]  # a Ray actor serves many messages: keep only this one's
     return client
 
 
@@ -72,12 +73,12 @@ def message_timing(msg: Message, context: Context, call_next) -> Message:
     if not path:
         return call_next(msg, context)
     handed_over = time.time()
-    _client_built_at.clear()
+    _client_built_at.clear()  # a message that builds no client must not report the previous one's time
     reply = call_next(msg, context)
     record = {"pid": os.getpid(), "partition_id": context.node_config.get("partition-id"),
               "type": msg.metadata.message_type, "group": msg.metadata.group_id,
               "process_start": process_start_time(), "handed_over": handed_over,
-              "client_built": _client_built_at[-1] if _client_built_at else None, "reply_ready": time.time()}
+              "client_built": _client_built_at[0] if _client_built_at else None, "reply_ready": time.time()}
     with open(path, "a") as f:  # one short line per message: appends from several processes stay whole
         f.write(json.dumps(record) + "\n")
     return reply
@@ -89,8 +90,7 @@ def own_samples_only(msg: Message, context: Context, call_next) -> Message:
     if not isinstance(pid, int) and not str(pid).isdigit():
         return call_next(msg, context)  # the client reports a missing or bad partition id itself
     cfg = config_of(context)
-    state_dir = str(context.node_config.get("state-dir", "") or cfg.client_state_dir)
-    with use_client_slice(cfg, int(pid), state_dir):
+    with use_client_slice(cfg, int(pid), state_dir_of(context.node_config, cfg.client_state_dir)):
         return call_next(msg, context)
 
 

@@ -41,6 +41,12 @@ MECHANICS_KEYS = frozenset({
 })
 
 
+def state_dir_of(node_config: Mapping[str, Any], client_state_dir: str) -> str:
+    """The client state directory of a node: its node-config ``state-dir``, else the run's
+    ``client_state_dir``; '' = none (state in memory only)."""
+    return str(node_config.get("state-dir", "") or client_state_dir)
+
+
 def config_fingerprint(config: Mapping[str, Any]) -> str:
     """Short hash of the experiment-defining part of a config: the keys that differ from the schema
     defaults, less the run mechanics (so keys added to the schema later, with defaults, change nothing)."""
