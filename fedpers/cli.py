@@ -14,7 +14,9 @@ Bad input (unknown key, wrong type, missing data file, impossible split) prints 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import signal
 import sys
 import time
 
@@ -260,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     handler = {"run": cmd_run, "config": cmd_config, "methods": cmd_methods, "sweep": cmd_sweep, "report": cmd_report,
                "schema": cmd_schema, "deploy": cmd_deploy}[args.command]
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupt)
     try:
         return handler(args)
     except FedpersError as exc:
@@ -269,6 +273,16 @@ def main(argv: list[str] | None = None) -> int:
         print("fedpers: interrupted", file=sys.stderr)
         exit_now(130)
     return 130  # not reached
+
+
+def _interrupt(signum, frame) -> None:
+    """Ctrl-C: silence Flower's logger, then stop the way Python does (KeyboardInterrupt).
+
+    Flower's simulation engine stops its Ray actors as the interrupt unwinds through it, and its worker
+    threads log every message the stopped actors drop with a full traceback. The run is ending on purpose
+    and says so in one line (``fedpers: interrupted``)."""
+    logging.getLogger("flwr").disabled = True
+    raise KeyboardInterrupt
 
 
 def exit_now(code: int) -> None:

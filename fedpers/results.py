@@ -102,6 +102,10 @@ class ResultsWriter:
                 if key != "config":
                     self.wandb_run.summary[key] = value
             self.wandb_run.finish()
+            # finish() returns once the exit record is handed over; the wandb service may still hold the
+            # run file's last records in its buffer (CI saw a file of only its header). teardown waits for the
+            # service to close the run, so the file under OUT/wandb is whole when summary.json is written
+            wandb_module().teardown()
             self.wandb_run = None
         if history:
             from fedpers.run_figures import curves_png
