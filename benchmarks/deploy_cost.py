@@ -2,6 +2,7 @@
 
     python benchmarks/deploy_cost.py --label after [--rounds 4] [--modes deployment/subprocess,...]
     python benchmarks/deploy_cost.py --label before --tree /path/to/an/older/checkout
+    python benchmarks/deploy_cost.py --label no-carry --set evaluate_with_next_fit=false
 
 Run: pFedKDH-EA on scikit-learn digits, 3 SuperNodes, all trained every round and all evaluated every
 round (fraction_fit 1, eval_every 1), 1 local epoch, batch 32, feature_dim 64. Modes:
@@ -13,7 +14,11 @@ round (fraction_fit 1, eval_every 1), 1 local epoch, batch 32, feature_dim 64. M
 * ``deployment/process``: the same with a separate ``flower-superexec`` per SuperNode.
 
 Figures per mode: ``round_seconds`` from metrics.jsonl, their mean without round 1 (round 1 also asks
-every node for its partition id), the wall time and the setup time. The per-message breakdown:
+every node for its partition id), the wall time and the setup time. With ``evaluate_with_next_fit`` (the
+default from issue 17 on) round t's evaluations run inside round t + 1's fit messages, and only the last
+round sends evaluate messages: ``mean_round_s_after_first`` (rounds 2..R, the last round's evaluate
+phase included) is what rounds 2..R cost together, per round; ``mean_round_s_between`` (rounds 2..R-1)
+is a round in the middle of a longer run. The per-message breakdown:
 
 * measured in fresh interpreters of the tree under test (works for any checkout): Python + Flower +
   fedpers + torch imports of the ClientApp module, and that plus loading the client's data (the
@@ -51,6 +56,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--clients", type=int, default=3)
     ap.add_argument("--modes", default="deployment/subprocess,deployment/process")
     ap.add_argument("--out", default="", help="default: benchmarks/results/deploy_cost_<label>.json")
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config key of the run on top of the benchmark's (repeatable)")
     return ap.parse_args()
 
 
@@ -66,10 +73,13 @@ RUN = dict(method="pfedkdh", variant="ea", dataset="digits", fraction_fit=1.0, e
            ea_steps=3, device="cpu")
 
 
-def small_config(out: Path, rounds: int, clients: int):
+def small_config(out: Path, rounds: int, clients: int, sets: list[str]):
+    import yaml
+
     from fedpers.config import build_config
 
-    return build_config(dict(RUN, rounds=rounds, num_clients=clients, out_dir=str(out)))
+    keys = {k: yaml.safe_load(v) for k, _, v in (item.partition("=") for item in sets)}
+    return build_config(dict(RUN, rounds=rounds, num_clients=clients, out_dir=str(out), **keys))
 
 
 def round_figures(out: Path, wall: float) -> dict:
@@ -78,6 +88,7 @@ def round_figures(out: Path, wall: float) -> dict:
     secs = [r["round_seconds"] for r in read_metrics(out)]
     return {"round_seconds": [round(s, 2) for s in secs],
             "mean_round_s_after_first": round(statistics.mean(secs[1:]), 2) if len(secs) > 1 else None,
+            "mean_round_s_between": round(statistics.mean(secs[1:-1]), 2) if len(secs) > 2 else None,
             "wall_s": round(wall, 1), "setup_and_teardown_s": round(wall - sum(secs), 1)}
 
 
@@ -178,6 +189,7 @@ def main() -> None:
                                               capture_output=True, text=True).stdout.strip(),
                      "run": f"pfedkdh-ea, digits, {args.clients} SuperNodes, {args.rounds} rounds, all trained "
                             "and evaluated every round, local_epochs 1, feature_dim 64",
+                     "set": args.sets,
                      "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "
                                 f"load avg {os.getloadavg()[0]:.1f} at start",
                      "per_process": per_process_costs(), "modes": {}}
@@ -187,7 +199,7 @@ def main() -> None:
             out = Path(tmp) / mode.replace("/", "-")
             timing = Path(tmp) / f"{mode.replace('/', '-')}-messages.jsonl"
             os.environ["FEDPERS_MESSAGE_TIMING"] = str(timing)
-            cfg = small_config(out, args.rounds, args.clients)
+            cfg = small_config(out, args.rounds, args.clients, args.sets)
             wall = run_simulation(cfg) if mode == "simulation" else run_deployment(cfg, mode.split("/")[1])
             figures = round_figures(out, wall)
             figures["breakdown"] = message_breakdown(timing, figures["round_seconds"])

@@ -8,6 +8,7 @@
 * evaluates its personalized model on its own test split.
 
 Methods override :meth:`batch_loss`, :meth:`on_download` and :meth:`evaluate_personalized`.
+Flower talks to :func:`message_client`, which also runs the evaluation a fit message carries.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ from __future__ import annotations
 import hashlib
 import math
 from logging import INFO
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from flwr.app import ArrayRecord, ConfigRecord, Context
-from flwr.client import NumPyClient
+from flwr.client import Client, NumPyClient
 from flwr.common import log
 
 from fedpers import seeds
@@ -33,7 +34,7 @@ from fedpers.schema import Config, parse_id_list
 from fedpers.state_store import ClientStateStore, config_fingerprint, state_dir_of
 from fedpers.training import evaluate, resolve_device, seed_everything, sgd, train_epochs
 from fedpers.validation import corrupt_update
-from fedpers.wire import server_round_of
+from fedpers.wire import carried_metrics, evaluate_round_of, round_config, server_round_of
 
 STATE_PREFIX = "fedpers."
 ROUNDS_RECORD = "saved_rounds"  # context.state ConfigRecord: state name -> round it was saved in
@@ -258,3 +259,44 @@ class FedPersClient(NumPyClient):
             # local model) set the digest of the state they evaluated
             metrics["state_digest"] = self._eval_digest
         return float(loss), len(self.data.test), metrics
+
+
+class _MessageClient(NumPyClient):
+    """The NumPyClient of one Flower message: the method's client, and for a fit message that carries the
+    previous round's evaluation (``fedpers.wire.EVALUATE_ROUND``) that evaluation first.
+
+    The carried evaluation and the training each get a client instance of their own, built the same way,
+    sharing only ``context.state``: exactly what an evaluate message followed by a fit message does, so
+    the numbers are those of the two messages (tests/test_carried_evaluation.py)."""
+
+    def __init__(self, build: Callable[[], FedPersClient]):
+        self.build = build
+        self.client = build()
+
+    def get_properties(self, config: dict[str, Any]) -> dict[str, Any]:
+        """The method client's properties (its partition id)."""
+        return self.client.get_properties(config)
+
+    def get_parameters(self, config: dict[str, Any]) -> list[np.ndarray]:
+        """The method client's upload part."""
+        return self.client.get_parameters(config)
+
+    def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
+        """The method client's personalized evaluation."""
+        return self.client.evaluate(parameters, config)
+
+    def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
+        """The carried evaluation (on the broadcast, with the evaluate message's config), then local training;
+        the reply's metrics hold both."""
+        evaluate_round = evaluate_round_of(config)
+        if evaluate_round is None:
+            return self.client.fit(parameters, config)
+        loss, examples, evaluated = self.client.evaluate(parameters, round_config(evaluate_round))
+        arrays, num_examples, metrics = self.build().fit(parameters, config)
+        return arrays, num_examples, {**metrics, **carried_metrics(loss, examples, evaluated)}
+
+
+def message_client(client_class: type[FedPersClient], cfg: Config, context: Context) -> Client:
+    """The Flower ``Client`` that handles one message for ``client_class`` (the ClientApp's and the
+    in-process engine's one way to build a client)."""
+    return _MessageClient(lambda: client_class(cfg, context)).to_client()

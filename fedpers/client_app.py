@@ -26,7 +26,7 @@ from flwr.client import ClientApp
 
 from fedpers.config import Config, from_run_config
 from fedpers.federation import use_client_slice
-from fedpers.registry import client_class_for
+from fedpers.registry import client_for_message
 from fedpers.state_store import state_dir_of
 
 TIMING_ENV = "FEDPERS_MESSAGE_TIMING"
@@ -52,7 +52,7 @@ def client_fn(context: Context):
     """Build the method's NumPyClient for this node (Flower recreates it for every message)."""
     cfg = config_of(context)
     _limit_threads(max(1, int(cfg.client_cpus)))
-    client = client_class_for(cfg)(cfg, context).to_client()
+    client = client_for_message(cfg, context)
     _client_built_at[:] = [time.time()]  # a Ray actor serves many messages: keep only this one's
     return client
 

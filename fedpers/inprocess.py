@@ -8,6 +8,7 @@ keeps one ``Context`` for the whole run, as a SuperNode does, so its persistent 
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 from flwr.app import Context, RecordDict
@@ -17,7 +18,6 @@ from flwr.server import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 
 from fedpers.config import Config
-from fedpers.errors import FedpersError
 
 
 class InProcessClientProxy(ClientProxy):
@@ -48,29 +48,29 @@ class InProcessClientProxy(ClientProxy):
         return DisconnectRes(reason="in-process")
 
 
-def run_in_process(cfg: Config) -> None:
+def run_in_process(cfg: Config, *, stop_after: int | None = None) -> None:
     """Run ``cfg`` in this process (``num_clients`` in-process clients); results land in ``cfg.out_dir``.
 
     The round loop of Flower's ``Server.fit`` (fit, central evaluate, federated evaluate), with the
     results of a round in partition order: ``Server`` hands them over in completion order, which makes
-    float sums (and FedAS's weight list) differ between two runs of the same arithmetic."""
+    float sums (and FedAS's weight list) differ between two runs of the same arithmetic. ``resume: true``
+    continues after the checkpoint's round (``fedpers.flower_internals.ResumableServer``'s first round);
+    ``stop_after`` ends the loop after that round's evaluate phase, as a server killed there would."""
     from fedpers.app import server_fn
-    from fedpers.registry import client_class_for
+    from fedpers.registry import client_for_message
 
     run_config = cfg.to_dict()
     components = server_fn(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config=run_config))
-    if components.server is not None:
-        raise FedpersError("config key 'resume': an in-process run starts at round 1 (resume runs in the engine)")
-    strategy = components.strategy
-    client_cls = client_class_for(cfg)
+    strategy = components.strategy if components.server is None else components.server.strategy
+    first = 1 if components.server is None else components.server.start_round
     manager = SimpleClientManager()
     for pid in range(cfg.num_clients):
         context = Context(run_id=0, node_id=pid + 1, state=RecordDict(), run_config=run_config,
                           node_config={"partition-id": pid, "num-partitions": cfg.num_clients})
-        manager.register(InProcessClientProxy(str(pid + 1), lambda c=context: client_cls(cfg, c).to_client()))
+        manager.register(InProcessClientProxy(str(pid + 1), lambda c=context: client_for_message(cfg, c)))
     parameters = strategy.initialize_parameters(manager)
     strategy.evaluate(0, parameters)
-    for server_round in range(1, components.config.num_rounds + 1):
+    for server_round in range(first, min(components.config.num_rounds, stop_after or math.inf) + 1):
         fit = _in_order(strategy.configure_fit(server_round, parameters, manager))
         results = [(proxy, proxy.fit(ins, None, server_round)) for proxy, ins in fit]
         aggregated, _ = strategy.aggregate_fit(server_round, results, [])

@@ -122,6 +122,14 @@ def client_class_for(cfg) -> type:
     return cls
 
 
+def client_for_message(cfg, context):
+    """The Flower ``Client`` that handles one message of the run on this node (``clients.base.message_client``
+    of :func:`client_class_for`): the ClientApp's and the in-process engine's one way to build a client."""
+    from clients.base import message_client
+
+    return message_client(client_class_for(cfg), cfg, context)
+
+
 def model_kind_of(cfg) -> str:
     """Model kind of the run: ``cfg.model_kind`` when set, else the one the method's client declares."""
     return str(cfg.get("model_kind", "")) or client_class_for(cfg).model_kind

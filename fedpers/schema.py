@@ -244,6 +244,11 @@ KEYS: tuple[Key, ...] = (
     Key("reply_poll_interval", float, 0.2,
         "seconds between the ServerApp's checks for client replies (ours; Flower's own Grid waits 3 s, which "
         "adds up to 3 s to every fit and evaluate phase of a deployed round)", _positive),
+    Key("evaluate_with_next_fit", bool, True,
+        "a client sampled again in the next round gets this round's evaluation in that fit message instead "
+        "of an evaluate message of its own (same broadcast, same numbers: one message per client per round; "
+        "the round's record is written when the next round's fit replies are in; ours, PFLlib's order). "
+        "Methods whose fit broadcast is per client (pFedSim, FedFed) always send evaluate messages"),
     # --- JDFL and the global optimizers it wraps (fedpers/algorithms/) -----------------
     Key("model_kind", str, "",
         "model: '' = the method's own (cnn for most) | cnn | se_cnn | gn_cnn (JDFL paper's GroupNorm CNN)",

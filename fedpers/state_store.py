@@ -37,7 +37,7 @@ FORMAT_VERSION = 1
 MECHANICS_KEYS = frozenset({
     "out_dir", "rounds", "eval_every", "device", "client_cpus", "client_gpus",
     "client_state_dir", "client_state_spill", "checkpoint_dir", "resume", "overwrite", "round_timeout",
-    "tensorboard", "wandb", "wandb_project", "reply_poll_interval",
+    "tensorboard", "wandb", "wandb_project", "reply_poll_interval", "evaluate_with_next_fit",
 })
 
 

@@ -35,3 +35,40 @@ def float_row_of(config: Mapping[str, Any], key: str, default: tuple[float, ...]
 
     raw = config.get(key)
     return [float(v) for v in np.frombuffer(raw, dtype="<f8")] if raw is not None else list(default)
+
+
+# --- an evaluation carried by the next round's fit message (config key evaluate_with_next_fit) ----------
+# Round t's evaluation of a client sampled again in round t + 1 travels with that fit message instead of
+# a message of its own: the fit message carries the same broadcast the evaluate message would have (the
+# model aggregated in round t), the client runs round t's evaluation on it before it trains, and the fit
+# reply carries the results under CARRIED_PREFIX.
+EVALUATE_ROUND = "evaluate_round"  # in a fit message's config: first evaluate as that round's evaluate message
+CARRIED_PREFIX = "evaluated:"  # in a fit reply's metrics: the carried evaluation's loss, examples and metrics
+_CARRIED_LOSS = CARRIED_PREFIX + "loss"
+_CARRIED_EXAMPLES = CARRIED_PREFIX + "num_examples"
+
+
+def with_evaluation(config: Mapping[str, Any], evaluate_round: int) -> dict[str, Any]:
+    """A fit message's ``config`` that also asks for the evaluation of ``evaluate_round``."""
+    return {**config, EVALUATE_ROUND: int(evaluate_round)}
+
+
+def evaluate_round_of(config: Mapping[str, Any]) -> int | None:
+    """The round whose evaluation a fit message carries (None: a plain fit message)."""
+    value = config.get(EVALUATE_ROUND)
+    return None if value is None else int(value)
+
+
+def carried_metrics(loss: float, num_examples: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """An evaluate reply (``loss``, ``num_examples``, ``metrics``) as entries of a fit reply's metrics."""
+    return {_CARRIED_LOSS: float(loss), _CARRIED_EXAMPLES: int(num_examples),
+            **{CARRIED_PREFIX + key: value for key, value in metrics.items()}}
+
+
+def carried_evaluation_of(metrics: Mapping[str, Any]) -> tuple[float, int, dict[str, Any]] | None:
+    """The evaluate reply :func:`carried_metrics` put in a fit reply's ``metrics`` (None: none carried)."""
+    if _CARRIED_LOSS not in metrics or _CARRIED_EXAMPLES not in metrics:
+        return None
+    rest = {key[len(CARRIED_PREFIX):]: value for key, value in metrics.items()
+            if key.startswith(CARRIED_PREFIX) and key not in (_CARRIED_LOSS, _CARRIED_EXAMPLES)}
+    return float(metrics[_CARRIED_LOSS]), int(metrics[_CARRIED_EXAMPLES]), rest

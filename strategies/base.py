@@ -8,6 +8,11 @@
   its own test split, every ``eval_every`` rounds and at the last round,
 * counts the bytes of the arrays actually sent each way, and writes ``metrics.jsonl``/``summary.json``.
 
+With ``evaluate_with_next_fit`` a client sampled again in round t + 1 gets round t's evaluation in that
+fit message (``fedpers.wire.EVALUATE_ROUND``) instead of an evaluate message: round t then ends *pending*
+(checkpointed with the evaluations it has), and its record is written once round t + 1's fit replies
+bring the rest (:meth:`FedPersStrategy.aggregate_fit`). The last round always evaluates everyone itself.
+
 A method subclass says which part of the model is broadcast (``download_part``) and uploaded
 (``upload_part``) and may override :meth:`prepare_global_model` and :meth:`apply_aggregate`.
 """
@@ -45,7 +50,7 @@ from fedpers.results import ACCURACY_PREFIXES, ResultsWriter, accuracy_summary
 from fedpers.schema import Config
 from fedpers.training import accuracy_and_loss, predict_logits, resolve_device
 from fedpers.validation import aggregate_updates, update_problem
-from fedpers.wire import round_config
+from fedpers.wire import carried_evaluation_of, round_config, with_evaluation
 
 # The validated uploads of a round: partition id -> (uploaded arrays, sample count), in arrival order.
 Updates = dict[int, tuple[list[np.ndarray], int]]
@@ -70,6 +75,9 @@ class FedPersStrategy(Strategy):
     personalized_is_global: bool = False
     metric: str = "personalized_macro_acc"  # the headline metric of summary.json (FedAvg's family: global_acc)
     model_kind: str = "cnn"  # fedpers.models.build_model kind, unless cfg.model_kind says otherwise
+    # False where a fit message's broadcast is not the evaluate message's (per-client fit broadcasts:
+    # pFedSim, FedFed): those clients cannot run round t's evaluation on round t + 1's fit broadcast
+    fit_carries_evaluation: bool = True
 
     def __init__(self, cfg: Config, federation: Federation, writer: ResultsWriter | None = None):
         self.cfg = cfg
@@ -85,6 +93,8 @@ class FedPersStrategy(Strategy):
         self.started = time.perf_counter()
         self.totals = {"bytes_up": 0, "bytes_down": 0}
         self._round: dict[str, Any] = {}
+        # a round whose evaluation waits for the next round's fit replies: {"round": t, "state": its _round}
+        self._pending: dict[str, Any] | None = None
         self.prepare_global_model()
 
     # --- hooks for methods --------------------------------------------------------------------
@@ -121,8 +131,10 @@ class FedPersStrategy(Strategy):
         """Server state after the last finished round: global model, round, history, totals, RNG."""
         import torch
 
+        done = self.history[-1]["round"] if self.history else 0
         return {
-            "round": self.history[-1]["round"] if self.history else 0,
+            "round": max(done, self._pending["round"]) if self._pending else done,
+            "pending": self._pending,
             "model": {k: v.detach().cpu().numpy() for k, v in self.model.state_dict().items()},
             "history": list(self.history),
             "totals": dict(self.totals),
@@ -145,6 +157,7 @@ class FedPersStrategy(Strategy):
         if state.get("torch_rng") is not None:
             torch.set_rng_state(torch.as_tensor(np.asarray(state["torch_rng"], dtype=np.uint8)))
         self.load_extra_state(dict(state.get("extra", {})))
+        self._pending = state.get("pending") or None
         if self.writer is not None:
             for record in self.history:
                 self.writer.append_round(record)
@@ -165,18 +178,30 @@ class FedPersStrategy(Strategy):
         """Sample ``round(fraction_fit * K)`` clients by partition id with a per-round seeded RNG."""
         self.start_round()
         proxies = self._proxies_by_partition(client_manager, server_round)
-        k = self.federation.num_clients
-        m = max(1, int(round(self.cfg.fraction_fit * k)))
-        rng = np.random.default_rng([self.cfg.seed, server_round])
-        chosen = [int(p) for p in sorted(rng.choice(k, size=m, replace=False)) if int(p) in proxies]
+        chosen = self._fit_sample(server_round, proxies)
         self._round["fit_clients"] = chosen
         ins = FitIns(parameters, round_config(server_round))
         self._round["bytes_down"] += parameters_nbytes(parameters) * len(chosen)
-        return [(proxies[p], ins) for p in chosen]
+        if self._pending is None:
+            return [(proxies[p], ins) for p in chosen]
+        carrying = FitIns(parameters, with_evaluation(ins.config, self._pending["round"]))
+        deferred = set(self._pending["state"]["deferred"])
+        return [(proxies[p], carrying if p in deferred else ins) for p in chosen]
+
+    def _fit_sample(self, server_round: int, proxies: dict[int, ClientProxy]) -> list[int]:
+        """The partition ids that train in ``server_round``: ``round(fraction_fit * K)`` drawn with an RNG
+        seeded by (seed, round), less those not connected."""
+        k = self.federation.num_clients
+        m = max(1, int(round(self.cfg.fraction_fit * k)))
+        rng = np.random.default_rng([self.cfg.seed, server_round])
+        return [int(p) for p in sorted(rng.choice(k, size=m, replace=False)) if int(p) in proxies]
 
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
                       failures: list[Any]) -> tuple[Parameters | None, dict[str, Scalar]]:
-        """Validate every update, drop the bad ones (logged), and aggregate the rest."""
+        """Validate every update, drop the bad ones (logged), and aggregate the rest; first, the record of a
+        pending previous round with the evaluations these replies carry."""
+        if self._pending is not None:
+            self._complete_pending(results)
         valid: Updates = {}
         for proxy, res in results:
             self._round["bytes_up"] += parameters_nbytes(res.parameters)
@@ -242,38 +267,86 @@ class FedPersStrategy(Strategy):
             self._finish_round(server_round, self._round["per_client_from_global"], {"client_state_consistent": True})
             return []
         proxies = self._proxies_by_partition(client_manager, server_round)
+        deferred = set(self._fit_sample(server_round + 1, proxies)) if self._carries(server_round) else set()
+        self._round["evaluations"] = []
+        self._round["deferred"] = sorted(deferred)
+        asked = [p for p in sorted(proxies) if p not in deferred]
+        if not asked:  # Flower calls aggregate_evaluate only after messages were sent
+            self._end_evaluation(server_round)
         ins = EvaluateIns(parameters, round_config(server_round))
-        self._round["bytes_down"] += parameters_nbytes(parameters) * len(proxies)
-        return [(proxies[p], ins) for p in sorted(proxies)]
+        self._round["bytes_down"] += parameters_nbytes(parameters) * len(asked)
+        return [(proxies[p], ins) for p in asked]
 
     def aggregate_evaluate(self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]],
                            failures: list[Any]) -> tuple[float | None, dict[str, Scalar]]:
-        """Personalized macro accuracy: the mean over clients of each client's own test accuracy."""
+        """Personalized macro accuracy: the mean over clients of each client's own test accuracy (the
+        round's record waits for the evaluations carried by the next round's fit replies, if any)."""
+        evaluations = [(float(res.loss), int(res.num_examples), dict(res.metrics)) for _, res in results]
+        self._round.setdefault("evaluations", []).extend(evaluations)
+        for failure in failures:
+            self._round["failures"] += 1
+            log(WARNING, "round %d: a client failed during evaluate: %s", server_round, _describe_failure(failure))
+        self._end_evaluation(server_round)
+        total = sum(n for _, n, _ in evaluations)
+        loss = sum(l * n for l, n, _ in evaluations) / total if total else None
+        return loss, {"personalized_macro_acc": _mean(float(m["acc"]) for _, _, m in evaluations)}
+
+    # --- evaluations carried by the next round's fit messages ---------------------------------------
+    def _carries(self, server_round: int) -> bool:
+        """Whether round ``server_round``'s evaluation of the next round's clients goes with their fit."""
+        return (self.cfg.evaluate_with_next_fit and self.fit_carries_evaluation
+                and server_round < self.cfg.rounds)
+
+    def _end_evaluation(self, server_round: int) -> None:
+        """The round's evaluate phase is over: write its record, or, while evaluations are still to come
+        with the next round's fit replies, keep it pending (checkpointed, so a resume asks for them again)."""
+        if not self._round.get("deferred"):
+            self._record_evaluations(server_round)
+            return
+        self._round["end"] = time.perf_counter()
+        self._pending = {"round": server_round, "state": self._round}
+        if self.cfg.checkpoint_dir:
+            self.save_checkpoint()
+
+    def _complete_pending(self, results: list[tuple[ClientProxy, FitRes]]) -> None:
+        """Write the pending round's record with the evaluations these fit replies carry."""
+        pending, self._pending = self._pending, None
+        state = pending["state"]
+        deferred = set(state["deferred"])
+        carried = set()
+        for _, res in results:
+            evaluation = carried_evaluation_of(res.metrics)
+            if evaluation is not None and int(evaluation[2].get("partition_id", -1)) in deferred - carried:
+                carried.add(int(evaluation[2]["partition_id"]))
+                state["evaluations"].append(evaluation)
+        if deferred - carried:
+            log(WARNING, "round %d: no evaluation came with the round %d fit replies of clients %s (lost or failed)",
+                pending["round"], pending["round"] + 1, sorted(deferred - carried))
+        current, self._round = self._round, state  # a method's _finish_round reads its round's counters
+        try:
+            self._record_evaluations(int(pending["round"]))
+        finally:
+            self._round = current
+
+    def _record_evaluations(self, server_round: int) -> None:
+        """The round's record from its clients' evaluations (``_round["evaluations"]``: loss, examples,
+        metrics of each evaluate reply, in or carried)."""
         per_client: dict[int, float] = {}
         extras: dict[str, dict[int, float]] = {}
         consistent = True
-        losses = []
-        for _, res in results:
-            m = res.metrics
+        for _, examples, m in sorted(self._round.get("evaluations", []), key=lambda e: int(e[2]["partition_id"])):
             pid = int(m["partition_id"])
             per_client[pid] = float(m["acc"])
-            self._round.setdefault("eval_counts", {})[pid] = int(res.num_examples)
-            losses.append((float(res.loss), res.num_examples))
+            self._round.setdefault("eval_counts", {})[pid] = int(examples)
             for key, value in m.items():
                 if key.startswith(PERSONAL_ACC_PREFIX):
                     extras.setdefault(key[len(PERSONAL_ACC_PREFIX):], {})[pid] = float(value)
             if pid in self.last_fit_digest and "state_digest" in m:
                 consistent &= self.last_fit_digest[pid] == str(m["state_digest"])
-        for failure in failures:
-            self._round["failures"] += 1
-            log(WARNING, "round %d: a client failed during evaluate: %s", server_round, _describe_failure(failure))
         record_extras: dict[str, Any] = {f"personalized_macro_acc_{name}": _mean(vals.values())
                                          for name, vals in extras.items()}
         record_extras["client_state_consistent"] = consistent
         self._finish_round(server_round, per_client, record_extras)
-        total = sum(n for _, n in losses)
-        loss = sum(l * n for l, n in losses) / total if total else None
-        return loss, {"personalized_macro_acc": _mean(per_client.values())}
 
     # --- helpers ----------------------------------------------------------------------------------
     def start_round(self) -> None:
@@ -334,7 +407,7 @@ class FedPersStrategy(Strategy):
             "train_loss": sum(l * c for l, c in losses) / n if n else None,
             "bytes_up": r.get("bytes_up", 0),
             "bytes_down": r.get("bytes_down", 0),
-            "round_seconds": time.perf_counter() - r.get("start", time.perf_counter()),
+            "round_seconds": r.get("end", time.perf_counter()) - r.get("start", time.perf_counter()),
             "fit_clients": r.get("fit_clients", []),
             "fit_nodes": r.get("fit_nodes", {}),  # partition id -> node that trained it (Ray node id / host)
             "rejected_updates": r.get("rejected", 0),

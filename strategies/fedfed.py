@@ -53,6 +53,7 @@ class FedFedStrategy(FedPersStrategy):
     download_part = "all"
     upload_part = "all"
     has_global_model = True
+    fit_carries_evaluation = False  # per-client fit broadcasts (per_client_fit)
 
     def prepare_global_model(self) -> None:
         """Empty shared dataset; the model part of an upload is the whole model."""

@@ -47,6 +47,9 @@ from strategies.base import parameters_nbytes
 class JDFLStrategyMixin:
     """Discovery before round 1, M x C head, per-client targets config, class-only evaluation."""
 
+    # the clients evaluate the class-only accuracy of their joint head themselves, also over FedAvg
+    personalized_is_global = False
+
     def __init__(self, *args, **kwargs):
         self.discovery = None
         self.jdfl_info: dict[str, Any] = {}

@@ -25,6 +25,7 @@ from flwr.common import FitIns, ndarrays_to_parameters
 from flwr.server.client_proxy import ClientProxy
 
 from fedpers.algorithms.pfedsim import classifier_similarity, pfedsim_weights, warmup_rounds
+from fedpers.errors import FedpersError
 from fedpers.models import get_arrays, parameter_names, set_arrays
 from fedpers.validation import weighted_average
 from strategies.base import FedPersStrategy, Updates, parameters_nbytes
@@ -36,6 +37,9 @@ def per_client_fit(strategy: FedPersStrategy, pairs: list[tuple[ClientProxy, Fit
     and set the round's ``bytes_down`` to the sum of what is actually sent."""
     out = []
     sent = 0
+    if strategy.fit_carries_evaluation:
+        raise FedpersError(f"{type(strategy).__name__}: per-client fit broadcasts need fit_carries_evaluation = False "
+                           "(a carried evaluation would run on another model than the evaluate broadcast)")
     for proxy, ins in pairs:
         params = ndarrays_to_parameters(arrays_for(strategy.partition_of[proxy.cid]))
         sent += parameters_nbytes(params)
@@ -50,6 +54,7 @@ class PFedSimStrategy(FedPersStrategy):
     download_part = "all"
     upload_part = "all"
     has_global_model = False
+    fit_carries_evaluation = False  # per-client fit broadcasts (per_client_fit)
 
     def prepare_global_model(self) -> None:
         """Similarity matrix (identity), per-client models (none yet), position of the classifier weight."""

@@ -24,8 +24,9 @@ def run_names() -> list[str]:
     return sorted(METHODS) + [f"jdfl-{mode}-{base}" for base, mode in JDFL_RUNS]
 
 
-def overrides_of(name: str, out_dir: Path) -> dict:
-    """The config of run ``name``: ``tests.conftest.tiny_overrides`` (digits, 3 clients, 2 rounds)."""
+def overrides_of(name: str, out_dir: Path, **keys) -> dict:
+    """The config of run ``name``: ``tests.conftest.tiny_overrides`` (digits, 3 clients, 2 rounds; the
+    recordings send every evaluation in an evaluate message of its own), with ``keys`` on top."""
     from tests.conftest import tiny_overrides
 
     if name.startswith("jdfl-"):
@@ -34,16 +35,16 @@ def overrides_of(name: str, out_dir: Path) -> dict:
                      num_clients=3, model_kind="gn_cnn", feature_dim=32, jdfl_discovery_epochs=1)
     else:
         extra = dict(method=name, variant="ea")
-    return tiny_overrides(fraction_fit=0.67, out_dir=str(out_dir), **extra)
+    return tiny_overrides(**{"fraction_fit": 0.67, "out_dir": str(out_dir), "evaluate_with_next_fit": False, **extra, **keys})
 
 
-def run(name: str, out_dir: Path) -> list[dict]:
-    """Run ``name`` in process and return its rounds without the volatile fields."""
+def run(name: str, out_dir: Path, **keys) -> list[dict]:
+    """Run ``name`` (config keys ``keys`` on top) in process and return its rounds without the volatile fields."""
     from fedpers.config import build_config
     from fedpers.inprocess import run_in_process
     from fedpers.results import read_metrics
 
-    run_in_process(build_config(overrides_of(name, out_dir)))
+    run_in_process(build_config(overrides_of(name, out_dir, **keys)))
     return [{k: v for k, v in r.items() if k not in VOLATILE_KEYS and not k.endswith(VOLATILE_SUFFIX)} for r in read_metrics(out_dir)]
 
 

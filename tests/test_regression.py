@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from tests.regression_runs import FIXTURES, run, run_names
+from tests.regression_runs import FIXTURES, overrides_of, run, run_names
 
 
 def differences(expected, got, where: str = "") -> list[str]:
@@ -43,3 +43,27 @@ def test_run_gives_the_recorded_numbers(name, tmp_path):
     recorded = [json.loads(line) for line in (FIXTURES / f"{name}.jsonl").read_text().splitlines()]
     got = json.loads(json.dumps(run(name, tmp_path / "run")))  # through JSON, as recorded
     assert differences(recorded, got) == []
+
+
+@pytest.mark.parametrize("name", run_names())
+def test_evaluations_carried_by_the_next_fit_give_the_recorded_numbers(name, tmp_path):
+    """evaluate_with_next_fit: round 1's evaluation of the clients sampled in round 2 comes with their fit
+    message. Every number of the recording is the same (accuracies exact, each client's too) but the bytes
+    sent down, which lose exactly the evaluate broadcasts not sent: one per client of round 2, where the
+    method evaluates on clients and its fit broadcast is the evaluate broadcast."""
+    from fedpers.config import build_config
+    from fedpers.registry import strategy_class_for
+
+    recorded = [json.loads(line) for line in (FIXTURES / f"{name}.jsonl").read_text().splitlines()]
+    got = json.loads(json.dumps(run(name, tmp_path / "run", evaluate_with_next_fit=True)))
+    strip = lambda rounds: [{k: v for k, v in r.items() if k != "bytes_down"} for r in rounds]  # noqa: E731
+    assert differences(strip(recorded), strip(got)) == []
+    cls = strategy_class_for(build_config(overrides_of(name, tmp_path)))
+    carries = cls.fit_carries_evaluation and not cls.personalized_is_global
+    first, last = recorded[0], recorded[-1]
+    saved = first["bytes_down"] - got[0]["bytes_down"]
+    next_clients = len(recorded[1]["fit_clients"])
+    # one evaluate broadcast = the last round's (never carried) bytes down over its messages
+    per_message = last["bytes_down"] // (len(last["fit_clients"]) + last["evaluated_clients"])
+    assert saved == (next_clients * per_message if carries else 0)
+    assert got[-1]["bytes_down"] == last["bytes_down"]
