@@ -187,6 +187,10 @@ def main() -> None:
     results: dict = {"label": args.label, "tree": str(TREE),
                      "commit": subprocess.run(["git", "-C", str(TREE), "rev-parse", "--short", "HEAD"],
                                               capture_output=True, text=True).stdout.strip(),
+                     # the commit's code, or changes on top of it (the figures are then of the working tree)
+                     "uncommitted_changes": bool(subprocess.run(
+                         ["git", "-C", str(TREE), "status", "--porcelain", "--untracked-files=no"],
+                         capture_output=True, text=True).stdout.strip()),
                      "run": f"pfedkdh-ea, digits, {args.clients} SuperNodes, {args.rounds} rounds, all trained "
                             "and evaluated every round, local_epochs 1, feature_dim 64",
                      "set": args.sets,
