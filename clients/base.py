@@ -90,6 +90,10 @@ class FedPersClient(NumPyClient):
         self._server_round: int | None = None
         self._state_horizon: float = math.inf
         self._saved_now: set[str] = set()  # names saved while handling this message: always valid
+        # Methods whose evaluated state is not the persistent part (Ditto's v_k, pFedMe's theta_k, FedALA's
+        # local model, pFedSim's local model) set the digest of the state they evaluated here, in
+        # evaluate_personalized: the server compares it with the one their last fit reported.
+        self.evaluated_digest: str | None = None
         # The persistent part's initial value (phi_k^0): the seeded init, identical on every client.
         self._initial_personal = get_arrays(self.model, self.persistent_part) if self.persistent_part else None
 
@@ -254,10 +258,8 @@ class FedPersClient(NumPyClient):
             metrics["state_digest"] = arrays_digest(get_arrays(self.model, self.persistent_part))
         acc, loss, extra = self.evaluate_personalized(generator)
         metrics.update(acc=float(acc), **extra)
-        if self.__dict__.get("_eval_digest") is not None:
-            # methods whose state is not the persistent part (Ditto's v_k, pFedMe's theta_k, FedALA's
-            # local model) set the digest of the state they evaluated
-            metrics["state_digest"] = self._eval_digest
+        if self.evaluated_digest is not None:
+            metrics["state_digest"] = self.evaluated_digest
         return float(loss), len(self.data.test), metrics
 
 

@@ -41,7 +41,6 @@ class DittoClient(FedPersClient):
     def __init__(self, cfg, context):
         super().__init__(cfg, context)
         self._initial_model = get_arrays(self.model, "all")  # w^0 = v_k^0
-        self._eval_digest: str | None = None
 
     def on_download(self) -> None:
         """Snapshot the received global model w^t: the anchor of the personal objective."""
@@ -86,6 +85,6 @@ class DittoClient(FedPersClient):
         """Accuracy of the personal model v_k on the client's test split."""
         personal = self.personal_model()
         if self.load_state(PERSONAL_STATE) is not None:
-            self._eval_digest = arrays_digest(get_arrays(personal, "all"))
+            self.evaluated_digest = arrays_digest(get_arrays(personal, "all"))
         acc, loss = evaluate(personal, self.data.test.x, self.data.test.y)
         return acc, loss, {}

@@ -50,7 +50,6 @@ class FedALAClient(FedPersClient):
         except ValueError as exc:
             raise ClientUpdateError(f"client {self.partition_id}: {exc}") from None
         self.ala_epochs = 0
-        self._eval_digest: str | None = None
 
     def adaptive_local_aggregation(self, local: list[np.ndarray], generator: torch.Generator) -> None:
         """Learn W_i on a random s% of the train data and install Theta_hat_i in the model (which holds
@@ -102,6 +101,6 @@ class FedALAClient(FedPersClient):
         local = self.load_state(LOCAL_STATE)
         if local is not None:
             set_arrays(self.model, local, "all", source=f"client {self.partition_id}: saved local model")
-            self._eval_digest = self.state_digest()
+            self.evaluated_digest = self.state_digest()
         acc, loss = evaluate(self.model, self.data.test.x, self.data.test.y)
         return acc, loss, {}

@@ -43,7 +43,6 @@ class PFedMeClient(FedPersClient):
 
     def __init__(self, cfg, context):
         super().__init__(cfg, context)
-        self._eval_digest: str | None = None
 
     def train(self, generator: torch.Generator) -> float:
         """R local rounds (one per mini-batch): K inner steps on theta, then w <- w - eta lambda (w - theta).
@@ -76,6 +75,6 @@ class PFedMeClient(FedPersClient):
         stored = self.load_state(PERSONAL_STATE)
         if stored is not None:
             set_arrays(self.model, stored, "all", source=f"client {self.partition_id}: saved personalized model")
-            self._eval_digest = arrays_digest(get_arrays(self.model, "all"))
+            self.evaluated_digest = arrays_digest(get_arrays(self.model, "all"))
         acc, loss = evaluate(self.model, self.data.test.x, self.data.test.y)
         return acc, loss, {}

@@ -38,7 +38,6 @@ class PFedSimClient(FedPersClient):
         super().__init__(cfg, context)
         self._fitting = False
         self._round = 0
-        self._eval_digest: str | None = None
 
     def personalizing(self) -> bool:
         """Is this round in the personalization phase?"""
@@ -58,7 +57,7 @@ class PFedSimClient(FedPersClient):
             set_arrays(self.model, [a for n, a in zip(names, local) if n in head], "head", source=source)
         else:
             set_arrays(self.model, local, "all", source=source)
-            self._eval_digest = arrays_digest(local)
+            self.evaluated_digest = arrays_digest(local)
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
         """Train; in the personalization phase save the trained model and report its digest."""
@@ -82,6 +81,6 @@ class PFedSimClient(FedPersClient):
         """As the base, plus the digest of the evaluated own model."""
         self._round = server_round_of(config)
         loss, n, metrics = super().evaluate(parameters, config)
-        if self._eval_digest is not None:
-            metrics["state_digest"] = self._eval_digest
+        if self.evaluated_digest is not None:
+            metrics["state_digest"] = self.evaluated_digest
         return loss, n, metrics

@@ -84,7 +84,7 @@ def _resume(cfg: Config, strategy, config: ServerConfig, state: dict) -> ServerA
     done = int(state["round"])
     log(INFO, "fedpers: resuming from %s after round %d of %d", checkpoint_path(cfg.checkpoint_dir), done, cfg.rounds)
     if done >= cfg.rounds and strategy.history:
-        strategy._write_summary()  # nothing left to run; the summary reflects the checkpoint
+        strategy.write_summary()  # nothing left to run; the summary reflects the checkpoint
     server = ResumableServer(start_round=done + 1, client_manager=SimpleClientManager(), strategy=strategy)
     return ServerAppComponents(server=server, config=config)
 

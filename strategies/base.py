@@ -115,6 +115,12 @@ class FedPersStrategy(Strategy):
         """Method-specific fields added to ``summary.json`` (default: none)."""
         return {}
 
+    def reset_model_state(self) -> None:
+        """Rebuild what depends on the model's shapes after they changed (JDFL's head expansion, before
+        any training): the expected upload shapes; methods with server state (SCAFFOLD's c, FedDyn's h)
+        rebuild it too."""
+        self.upload_shapes = array_shapes(self.model, self.upload_part)
+
     def download_arrays(self) -> list[np.ndarray]:
         """Arrays broadcast to clients."""
         return get_arrays(self.model, self.download_part)
@@ -187,6 +193,22 @@ class FedPersStrategy(Strategy):
         carrying = FitIns(parameters, with_evaluation(ins.config, self._pending["round"]))
         deferred = set(self._pending["state"]["deferred"])
         return [(proxies[p], carrying if p in deferred else ins) for p in chosen]
+
+    def per_client_fit(self, pairs: list[tuple[ClientProxy, FitIns]],
+                       arrays_for) -> list[tuple[ClientProxy, FitIns]]:
+        """Replace each sampled client's FitIns by one carrying ``arrays_for(partition_id)`` (same config),
+        and count the round's ``bytes_down`` as the sum of what is actually sent (pFedSim, FedFed)."""
+        if self.fit_carries_evaluation:
+            raise FedpersError(f"{type(self).__name__}: per-client fit broadcasts need fit_carries_evaluation = "
+                               "False (a carried evaluation would run on another model than the evaluate broadcast)")
+        out = []
+        sent = 0
+        for proxy, ins in pairs:
+            params = ndarrays_to_parameters(arrays_for(self.partition_of[proxy.cid]))
+            sent += parameters_nbytes(params)
+            out.append((proxy, FitIns(params, dict(ins.config))))
+        self._round["bytes_down"] = sent
+        return out
 
     def _fit_sample(self, server_round: int, proxies: dict[int, ClientProxy]) -> list[int]:
         """The partition ids that train in ``server_round``: ``round(fraction_fit * K)`` drawn with an RNG
@@ -425,9 +447,11 @@ class FedPersStrategy(Strategy):
         elapsed = time.perf_counter() - self.started
         print(format_round_line(record, self.cfg.rounds, elapsed), flush=True)
         if server_round == self.cfg.rounds:
-            self._write_summary()
+            self.write_summary()
 
-    def _write_summary(self) -> None:
+    def write_summary(self) -> None:
+        """``summary.json`` (and the curves) from the finished rounds: after the last round, or at once when
+        a resumed run has nothing left to run."""
         last = self.history[-1]
         final = {k: v for k, v in last.items() if k.startswith(ACCURACY_PREFIXES)}
         summary = {

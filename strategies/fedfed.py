@@ -31,7 +31,6 @@ from fedpers import seeds
 from fedpers.algorithms.fedfed import distill_rounds, empty_shared
 from fedpers.models import get_arrays, parameter_names
 from strategies.base import FedPersStrategy, parameters_nbytes
-from strategies.pfedsim import per_client_fit
 
 
 def shared_problem(xs: np.ndarray, ys: np.ndarray, input_shape, num_classes: int, max_rows: int) -> str | None:
@@ -53,7 +52,7 @@ class FedFedStrategy(FedPersStrategy):
     download_part = "all"
     upload_part = "all"
     has_global_model = True
-    fit_carries_evaluation = False  # per-client fit broadcasts (per_client_fit)
+    fit_carries_evaluation = False  # per-client fit broadcasts (FedPersStrategy.per_client_fit)
 
     def prepare_global_model(self) -> None:
         """Empty shared dataset; the model part of an upload is the whole model."""
@@ -78,7 +77,7 @@ class FedFedStrategy(FedPersStrategy):
         pairs = super().configure_fit(server_round, parameters, client_manager)
         if server_round <= self.distill or len(self.shared_y) == 0:
             return pairs
-        return per_client_fit(self, pairs, lambda pid: self.draw(pid, server_round))
+        return self.per_client_fit(pairs, lambda pid: self.draw(pid, server_round))
 
     def aggregate_fit(self, server_round, results, failures):
         """Take the shared features out of each upload (into the global shared dataset), then FedAvg."""

@@ -36,7 +36,7 @@ from fedpers.algorithms.jdfl import (adjusted_rand_index, centroid_similarity_we
                                      default_alpha, discover_domains, graded_domain_row, hard_domain_row,
                                      marginal_class_log_probs, per_domain_accuracy)
 from fedpers import seeds
-from fedpers.models import array_shapes, expand_head, get_arrays, layer_subset_names
+from fedpers.models import expand_head, get_arrays, layer_subset_names
 from fedpers.training import predict_logits
 from fedpers.validation import update_problem
 from fedpers.wire import JDFL_ROW, float_row, round_config
@@ -121,10 +121,7 @@ class JDFLStrategyMixin:
             self.jdfl_info["assignments"], ari)
         num_classes = self.federation.num_classes
         expand_head(self.model, m * num_classes, seed=cfg.seed + seeds.JDFL_HEAD_OFFSET)
-        if hasattr(self, "reset_model_state"):
-            self.reset_model_state()  # optimizer state (SCAFFOLD c, FedDyn h, ...) for the new shapes
-        else:
-            self.upload_shapes = array_shapes(self.model, self.upload_part)
+        self.reset_model_state()  # upload shapes, and server state (SCAFFOLD c, FedDyn h, ...) for the new shapes
 
     # --- Flower Strategy hooks ------------------------------------------------------------------------------
     def configure_fit(self, server_round, parameters, client_manager):

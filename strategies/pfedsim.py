@@ -21,31 +21,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from flwr.common import FitIns, ndarrays_to_parameters
-from flwr.server.client_proxy import ClientProxy
 
 from fedpers.algorithms.pfedsim import classifier_similarity, pfedsim_weights, warmup_rounds
-from fedpers.errors import FedpersError
 from fedpers.models import get_arrays, parameter_names, set_arrays
 from fedpers.validation import weighted_average
-from strategies.base import FedPersStrategy, Updates, parameters_nbytes
-
-
-def per_client_fit(strategy: FedPersStrategy, pairs: list[tuple[ClientProxy, FitIns]],
-                   arrays_for) -> list[tuple[ClientProxy, FitIns]]:
-    """Replace each sampled client's FitIns by one carrying ``arrays_for(partition_id)`` (same config),
-    and set the round's ``bytes_down`` to the sum of what is actually sent."""
-    out = []
-    sent = 0
-    if strategy.fit_carries_evaluation:
-        raise FedpersError(f"{type(strategy).__name__}: per-client fit broadcasts need fit_carries_evaluation = False "
-                           "(a carried evaluation would run on another model than the evaluate broadcast)")
-    for proxy, ins in pairs:
-        params = ndarrays_to_parameters(arrays_for(strategy.partition_of[proxy.cid]))
-        sent += parameters_nbytes(params)
-        out.append((proxy, FitIns(params, dict(ins.config))))
-    strategy._round["bytes_down"] = sent
-    return out
+from strategies.base import FedPersStrategy, Updates
 
 
 class PFedSimStrategy(FedPersStrategy):
@@ -54,7 +34,7 @@ class PFedSimStrategy(FedPersStrategy):
     download_part = "all"
     upload_part = "all"
     has_global_model = False
-    fit_carries_evaluation = False  # per-client fit broadcasts (per_client_fit)
+    fit_carries_evaluation = False  # per-client fit broadcasts (FedPersStrategy.per_client_fit)
 
     def prepare_global_model(self) -> None:
         """Similarity matrix (identity), per-client models (none yet), position of the classifier weight."""
@@ -79,7 +59,7 @@ class PFedSimStrategy(FedPersStrategy):
             return pairs
         if self.frozen is None:
             self.frozen = get_arrays(self.model, "all")
-        return per_client_fit(self, pairs, self.personalized_arrays)
+        return self.per_client_fit(pairs, self.personalized_arrays)
 
     def aggregate(self, server_round: int, updates: Updates) -> list[np.ndarray]:
         """Warm-up: FedAvg. Personalization: store the uploads, update S, keep the frozen global model."""

@@ -174,9 +174,8 @@ def test_pfedsim_server_sends_each_client_its_own_similarity_weighted_model():
     strategy.partition_of = {"a": 0, "b": 2}
     pairs = [(FakeProxy("a"), FitIns(ndarrays_to_parameters(strategy.frozen), {"server_round": 4})),
              (FakeProxy("b"), FitIns(ndarrays_to_parameters(strategy.frozen), {"server_round": 4}))]
-    from strategies.pfedsim import per_client_fit
 
-    out = per_client_fit(strategy, pairs, strategy.personalized_arrays)
+    out = strategy.per_client_fit(pairs, strategy.personalized_arrays)
     sent = [parameters_to_ndarrays(ins.parameters) for _, ins in out]
     assert arrays_equal(sent[1], models[2]) and not arrays_equal(sent[0], sent[1])
     assert strategy._round["bytes_down"] == sum(parameters_nbytes(ins.parameters) for _, ins in out)
