@@ -93,3 +93,26 @@ def test_resume_from_a_round_waiting_for_its_carried_evaluations(method, tmp_pat
     whole, resumed = _rounds(cfg("whole").out_dir), _rounds(stopped.out_dir)
     assert [r["round"] for r in resumed] == [1, 2, 3] and resumed[0]["evaluated_clients"] == 3
     assert json.dumps(resumed) == json.dumps(whole)
+
+
+@pytest.mark.parametrize("method", ["fedeagd", "jdfl-over-scaffold"])
+def test_sparse_eval_rounds_and_partial_participation_give_the_numbers_of_evaluate_messages(method, tmp_path):
+    """eval_every 2 over 5 rounds with 2 of 3 clients per round: the rounds without evaluation are written
+    in order between the pending ones, the client not sampled next gets an evaluate message, and every
+    record equals the one of a run with evaluate messages only, but for bytes_down."""
+    keys = dict(method="fedeagd") if method == "fedeagd" else dict(
+        method="scaffold", jdfl="graded", dataset="digits_domains", partition="domain", aux_size=0,
+        model_kind="gn_cnn", feature_dim=32, jdfl_discovery_epochs=1)
+    runs = {}
+    for carry in (False, True):
+        out = tmp_path / f"carry-{carry}"
+        run_in_process(build_config(tiny_overrides(rounds=5, eval_every=2, fraction_fit=0.67, out_dir=str(out),
+                                                   evaluate_with_next_fit=carry, **keys)))
+        runs[carry] = _rounds(out)
+    off, on = runs[False], runs[True]
+    assert [r["round"] for r in on] == [1, 2, 3, 4, 5]
+    assert [r["evaluated_clients"] for r in on] == [0, 3, 0, 3, 3]
+    strip = lambda rounds: [{k: v for k, v in r.items() if k != "bytes_down"} for r in rounds]  # noqa: E731
+    assert json.dumps(strip(on)) == json.dumps(strip(off))
+    saved = [a["bytes_down"] - b["bytes_down"] for a, b in zip(off, on)]
+    assert saved[0] == saved[2] == saved[4] == 0 and saved[1] > 0 and saved[3] == saved[1]  # rounds 2 and 4 carried
