@@ -23,7 +23,7 @@ import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from logging import INFO, WARNING
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 from flwr.common import (
@@ -54,6 +54,29 @@ from fedpers.wire import carried_evaluation_of, round_config, with_evaluation
 
 # The validated uploads of a round: partition id -> (uploaded arrays, sample count), in arrival order.
 Updates = dict[int, tuple[list[np.ndarray], int]]
+
+
+class RoundState(TypedDict, total=False):
+    """What a strategy gathers during one round for its record (``FedPersStrategy._round``): reset by
+    ``start_round`` (configure_fit), turned into the round's line of metrics.jsonl by ``_finish_round``,
+    and checkpointed as it is while the round is pending (so: JSON-serializable values). A method keeps its own
+    per-round values under its own names next to these (FedEAGD: ``fit_up_each``, ``mean_drift``, ...)."""
+
+    start: float  # perf_counter at configure_fit
+    end: float  # perf_counter when the evaluate phase ended (pending rounds)
+    bytes_up: int
+    bytes_down: int  # broadcasts actually sent: fit, evaluate, JDFL discovery
+    losses: list  # (train loss, samples) of each valid update
+    rejected: int  # updates refused by validation
+    failures: int  # fit and evaluate failures
+    fit_clients: list  # partition ids sampled for fit
+    fit_nodes: dict  # partition id (str) -> node that trained it
+    global_acc: float | None  # central evaluation of the shared model
+    per_client_from_global: dict  # personalized_is_global: partition id -> accuracy read off that evaluation
+    eval_counts: dict  # partition id -> test samples
+    evaluations: list  # (loss, examples, metrics) of each evaluate reply, sent or carried
+    deferred: list  # partition ids whose evaluation comes with the next round's fit replies
+    extras: dict  # method metrics of the round, copied into the record
 PERSONAL_ACC_PREFIX = "acc_"  # extra client metrics "acc_<name>" become "personalized_macro_acc_<name>"
 
 
@@ -92,8 +115,8 @@ class FedPersStrategy(Strategy):
         self.history: list[dict[str, Any]] = []
         self.started = time.perf_counter()
         self.totals = {"bytes_up": 0, "bytes_down": 0}
-        self._round: dict[str, Any] = {}
-        # a round whose evaluation waits for the next round's fit replies: {"round": t, "state": its _round}
+        self._round: RoundState = {}
+        # a round whose evaluation waits for the next round's fit replies: {"round": t, "state": its RoundState}
         self._pending: dict[str, Any] | None = None
         self.prepare_global_model()
 
