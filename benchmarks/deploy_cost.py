@@ -74,12 +74,10 @@ RUN = dict(method="pfedkdh", variant="ea", dataset="digits", fraction_fit=1.0, e
 
 
 def small_config(out: Path, rounds: int, clients: int, sets: list[str]):
-    import yaml
+    from fedpers.config import build_config, parse_set_arguments
 
-    from fedpers.config import build_config
-
-    keys = {k: yaml.safe_load(v) for k, _, v in (item.partition("=") for item in sets)}
-    return build_config(dict(RUN, rounds=rounds, num_clients=clients, out_dir=str(out), **keys))
+    return build_config({**RUN, "rounds": rounds, "num_clients": clients, "out_dir": str(out),
+                         **parse_set_arguments(sets)})
 
 
 def round_figures(out: Path, wall: float) -> dict:
