@@ -200,20 +200,12 @@ def digits_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
 def save_npz_quietly(path: Path, mode: int, **arrays: np.ndarray) -> None:
     """Write ``arrays`` to ``path`` (file mode ``mode``) atomically, a temp file renamed, or not at all if
     that fails: a cache must never leave a half-written file for another process to read."""
-    import tempfile
+    from fedpers.state_store import atomic_save_npz
 
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".npz", dir=path.parent)
+        atomic_save_npz(path, arrays, mode=mode)
     except OSError:
-        return
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except OSError:
-        Path(tmp).unlink(missing_ok=True)
+        pass  # no cache this time: the next reader builds the data again
 
 
 def _load_torchvision(name: str, root: Path) -> Dataset:

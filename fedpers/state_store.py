@@ -58,20 +58,25 @@ def config_fingerprint(config: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(items, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def atomic_save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> Path:
-    """Write ``arrays`` and ``meta`` to ``path`` atomically (temp file + fsync + os.replace)."""
+def atomic_save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray],
+                    meta: Mapping[str, Any] | None = None, *, mode: int | None = None) -> Path:
+    """Write ``arrays`` (and ``meta``, when given) to ``path`` atomically (temp file + fsync + os.replace);
+    the file is private (0600) unless ``mode`` says otherwise."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if META_KEY in arrays:
         raise ValueError(f"array name {META_KEY!r} is reserved")
     payload = {k: np.asarray(v) for k, v in arrays.items()}
-    payload[META_KEY] = np.frombuffer(json.dumps(dict(meta), default=_json_default).encode(), dtype=np.uint8)
+    if meta is not None:
+        payload[META_KEY] = np.frombuffer(json.dumps(dict(meta), default=_json_default).encode(), dtype=np.uint8)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             np.savez(f, **payload)
             f.flush()
             os.fsync(f.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         try:
