@@ -316,10 +316,10 @@ class FedPersStrategy(Strategy):
         self._round["evaluations"] = []
         self._round["deferred"] = sorted(deferred)
         asked = [p for p in sorted(proxies) if p not in deferred]
+        self._round["bytes_down"] += parameters_nbytes(parameters) * len(asked)
         if not asked:  # Flower calls aggregate_evaluate only after messages were sent
             self._end_evaluation(server_round)
         ins = EvaluateIns(parameters, round_config(server_round))
-        self._round["bytes_down"] += parameters_nbytes(parameters) * len(asked)
         return [(proxies[p], ins) for p in asked]
 
     def aggregate_evaluate(self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]],
