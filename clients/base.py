@@ -34,7 +34,8 @@ from fedpers.schema import Config, parse_id_list
 from fedpers.state_store import ClientStateStore, config_fingerprint, state_dir_of
 from fedpers.training import evaluate, resolve_device, seed_everything, sgd, train_epochs
 from fedpers.validation import corrupt_update
-from fedpers.wire import carried_metrics, evaluate_round_of, round_config, server_round_of
+from fedpers.wire import (MODEL_SECTION, SectionError, carried_metrics, evaluate_round_of, join_sections, round_config,
+                          section_counts_of, server_round_of, split_sections)
 
 STATE_PREFIX = "fedpers."
 ROUNDS_RECORD = "saved_rounds"  # context.state ConfigRecord: state name -> round it was saved in
@@ -70,6 +71,10 @@ class FedPersClient(NumPyClient):
 
     download_part: Part = "all"
     upload_part: Part = "all"
+    # the named sections of the broadcast and of the upload, in order (fedpers.wire), as the method's
+    # strategy declares them (tests/test_layers.py checks they agree)
+    broadcast_sections: tuple[str, ...] = (MODEL_SECTION,)
+    upload_sections: tuple[str, ...] = (MODEL_SECTION,)
     persistent_part: Part | None = None
     # whole-model copies of other state a client keeps between rounds (EMA teacher, personal model,
     # control variates), besides persistent_part: what fedpers.memory.estimate counts per client
@@ -168,7 +173,7 @@ class FedPersClient(NumPyClient):
             if self.cfg.client_state_spill and not root:
                 raise ConfigError("config key 'client_state_spill': needs client_state_dir (fedpers run sets "
                                   "<out_dir>/client_state) or the node config's state-dir")
-            self._state_store = (ClientStateStore(root, self.partition_id, config_fingerprint(self.cfg.to_dict()))
+            self._state_store = (ClientStateStore(root, self.partition_id, config_fingerprint(self.cfg))
                                  if root else None)
         return self._state_store
 
@@ -180,6 +185,15 @@ class FedPersClient(NumPyClient):
         return stored if stored is not None else self._initial_personal
 
     # --- round mechanics --------------------------------------------------------------------------
+    def receive(self, parameters: list[np.ndarray], config: dict[str, Any]) -> None:
+        """Split a broadcast into its declared sections (``self.received``, by name) by the counts in its
+        config, then :meth:`prepare` with its model section."""
+        try:
+            self.received = split_sections(list(parameters), config, self.broadcast_sections)
+        except SectionError as exc:
+            raise ClientUpdateError(f"client {self.partition_id}: server broadcast: {exc}") from None
+        self.prepare(self.received.get(MODEL_SECTION, []))
+
     def prepare(self, parameters: list[np.ndarray]) -> None:
         """Load the broadcast, let the method snapshot it, then restore the persistent part."""
         set_arrays(self.model, parameters, self.download_part,
@@ -210,9 +224,13 @@ class FedPersClient(NumPyClient):
                             generator=generator)
 
     def upload_arrays(self) -> list[np.ndarray]:
-        """What :meth:`fit` sends back (default: ``upload_part`` of the model; SCAFFOLD, FedDC and FedProc
-        append their client-side arrays)."""
+        """The upload's model section (default: ``upload_part`` of the model)."""
         return get_arrays(self.model, self.upload_part)
+
+    def upload_content(self) -> dict[str, list[np.ndarray]]:
+        """What :meth:`fit` sends back, by section (default: the model section; SCAFFOLD, FedDC, FedProc
+        and FedFed add sections of their own)."""
+        return {MODEL_SECTION: self.upload_arrays()}
 
     def evaluate_personalized(self, generator: torch.Generator) -> tuple[float, float, dict[str, float]]:
         """(accuracy, loss, extra ``acc_*`` metrics) of the personalized model on the client's test split."""
@@ -233,7 +251,7 @@ class FedPersClient(NumPyClient):
         server_round = server_round_of(config)
         self.begin_message(server_round, training=True)
         generator = seed_everything(self.cfg.seed, server_round, self.partition_id, seeds.CLIENT_FIT)
-        self.prepare(parameters)
+        self.receive(parameters, config)
         loss = self.train(generator)
         metrics: dict[str, Any] = {"train_loss": float(loss), "partition_id": self.partition_id,
                                    "node": node_identity()}
@@ -241,7 +259,8 @@ class FedPersClient(NumPyClient):
             personal = get_arrays(self.model, self.persistent_part)
             self.save_state("personal", personal)
             metrics["state_digest"] = arrays_digest(personal)
-        upload = self.upload_arrays()
+        upload, counts = join_sections(self.upload_content(), self.upload_sections)
+        metrics.update(counts)
         if self.partition_id in self._faulty:
             upload = corrupt_update(upload, self.cfg.fault, np.random.default_rng([self.cfg.seed, server_round]))
         return upload, len(self.data.train), metrics
@@ -251,7 +270,7 @@ class FedPersClient(NumPyClient):
         server_round = server_round_of(config)
         self.begin_message(server_round, training=False)
         generator = seed_everything(self.cfg.seed, server_round, self.partition_id, seeds.CLIENT_EVALUATE)
-        self.prepare(parameters)
+        self.receive(parameters, config)
         metrics: dict[str, Any] = {"partition_id": self.partition_id}
         if self.persistent_part and self.load_state("personal") is not None:
             # digest of the persistent part as restored into the model that is evaluated
@@ -293,7 +312,7 @@ class _MessageClient(NumPyClient):
         evaluate_round = evaluate_round_of(config)
         if evaluate_round is None:
             return self.client.fit(parameters, config)
-        loss, examples, evaluated = self.client.evaluate(parameters, round_config(evaluate_round))
+        loss, examples, evaluated = self.client.evaluate(parameters, round_config(evaluate_round, **section_counts_of(config)))
         arrays, num_examples, metrics = self.build().fit(parameters, config)
         return arrays, num_examples, {**metrics, **carried_metrics(loss, examples, evaluated)}
 

@@ -35,11 +35,12 @@ import torch
 
 from clients.base import FedPersClient
 from fedpers import seeds
+from fedpers.algorithms import fedas
 from fedpers.algorithms.fedas import align_backbone, fisher_trace
 from fedpers.federation import get_federation
 from fedpers.models import get_arrays, parameter_names, set_arrays
 from fedpers.training import seed_everything
-from fedpers.wire import server_round_of
+from fedpers.wire import MODEL_SECTION, server_round_of
 
 
 class FedASClient(FedPersClient):
@@ -47,6 +48,8 @@ class FedASClient(FedPersClient):
 
     download_part = "backbone"
     upload_part = "backbone"
+    broadcast_sections = fedas.BROADCAST
+    upload_sections = fedas.UPLOAD
     persistent_part = "all"
 
     def __init__(self, cfg, context):
@@ -93,9 +96,9 @@ class FedASClient(FedPersClient):
         self.fim = fisher_trace(self.model, train.x, train.y, self.cfg.batch_size)
         return loss
 
-    def upload_arrays(self) -> list[np.ndarray]:
+    def upload_content(self) -> dict[str, list[np.ndarray]]:
         """The feature extractor and the Fisher trace."""
-        return get_arrays(self.model, "backbone") + [np.array([self.fim], dtype=np.float32)]
+        return {MODEL_SECTION: get_arrays(self.model, "backbone"), "fisher_trace": [np.array([self.fim], dtype=np.float32)]}
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
         """As the base (which saves the whole trained model); alignment runs inside ``prepare``."""

@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from clients.scaffold import ServerStateClient, params_in_state_order
+from clients.server_state import ServerStateClient, params_in_state_order
+from fedpers.algorithms import feddc
 from fedpers.errors import ClientUpdateError
 from fedpers.models import get_arrays
 from fedpers.algorithms.feddc import (feddc_client_gradient_state, feddc_corrected_model, feddc_correction,
@@ -24,6 +25,8 @@ from fedpers.algorithms.server_state import linear_term, local_steps, zeros_like
 class FedDCClient(ServerStateClient):
     """Drift-decoupled, gradient-corrected local training."""
     state_model_copies = 2.0  # the drift variable and the gradient correction, per client (memory estimate)
+    broadcast_sections = feddc.BROADCAST
+    upload_sections = feddc.UPLOAD
 
     def on_download(self) -> None:
         """Snapshot w, g and this client's h_i, g_i."""
@@ -58,5 +61,9 @@ class FedDCClient(ServerStateClient):
         return loss
 
     def upload_arrays(self) -> list[np.ndarray]:
-        """theta_i + h_i, then Delta g_i."""
-        return [np.asarray(a) for a in self.corrected] + [np.asarray(a, np.float32) for a in self.delta_g]
+        """The model section: theta_i + h_i."""
+        return [np.asarray(a) for a in self.corrected]
+
+    def extra_upload(self) -> dict[str, list[np.ndarray]]:
+        """Delta g_i."""
+        return {"update_rate_delta": self.delta_g}

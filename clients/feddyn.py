@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from clients.scaffold import ServerStateClient, params_in_state_order
+from clients.server_state import ServerStateClient, params_in_state_order
 from fedpers.algorithms.feddyn import feddyn_client_state, feddyn_regularizer
 from fedpers.algorithms.server_state import zeros_like
 from fedpers.models import get_arrays
@@ -21,7 +21,6 @@ class FedDynClient(ServerStateClient):
     """Dynamic-regularised local training."""
     state_model_copies = 1.0  # the dual state (gradient correction), per client (memory estimate)
 
-    expected_server_arrays = 0
 
     def on_download(self) -> None:
         """Snapshot theta^{t-1} and this client's gradient state."""

@@ -33,14 +33,15 @@ import torch.nn.functional as F
 
 from clients.base import FedPersClient
 from fedpers import seeds
+from fedpers.algorithms import fedfed
 from fedpers.algorithms.fedfed import (FeatureDistiller, fedfed_distill_loss, sensitive_features,
                                        distill_rounds, empty_shared)
 from fedpers.errors import ClientUpdateError
 from fedpers.federation import get_federation
-from fedpers.models import get_arrays, parameter_names
+from fedpers.models import get_arrays
 from fedpers.seeds import derived_seed
 from fedpers.training import minibatches, sgd, train_epochs
-from fedpers.wire import server_round_of
+from fedpers.wire import MODEL_SECTION, server_round_of
 
 DISTILLER_STATE = "fedfed_distiller"
 SHARED_FLAG = "fedfed_shared"
@@ -51,13 +52,14 @@ class FedFedClient(FedPersClient):
 
     download_part = "all"
     upload_part = "all"
+    broadcast_sections = fedfed.BROADCAST
+    upload_sections = fedfed.UPLOAD
 
     def __init__(self, cfg, context):
         super().__init__(cfg, context)
         fed = get_federation(cfg)
         self.input_shape = tuple(fed.input_shape)
         self.num_classes = fed.num_classes
-        self.num_model_arrays = len(parameter_names(self.model, "all"))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derived_seed(cfg.seed, self.partition_id, seeds.FEDFED_DISTILLER_INIT))
             self.distiller = FeatureDistiller(self.input_shape[0]).to(self.device)
@@ -83,13 +85,12 @@ class FedFedClient(FedPersClient):
 
     # --- round mechanics -------------------------------------------------------------------------------
     def prepare(self, parameters: list[np.ndarray]) -> None:
-        """Split the broadcast into the model and the shared samples (checked), then load the model."""
-        n = self.num_model_arrays
-        extra = list(parameters[n:])
-        if len(extra) != 2:
-            raise ClientUpdateError(f"client {self.partition_id}: server broadcast: expected {n + 2} arrays "
-                                    f"(model + shared features + labels), got {len(parameters)}")
-        xs, ys = (np.asarray(a) for a in extra)
+        """Check the broadcast's shared samples (one features and one labels array), then load the model."""
+        features, labels = self.received["shared_features"], self.received["shared_labels"]
+        if len(features) != 1 or len(labels) != 1:
+            raise ClientUpdateError(f"client {self.partition_id}: server broadcast: expected one shared-features "
+                                    f"and one shared-labels array, got {len(features)} and {len(labels)}")
+        xs, ys = np.asarray(features[0]), np.asarray(labels[0])
         if (tuple(xs.shape[1:]) != self.input_shape or ys.ndim != 1 or len(ys) != len(xs)
                 or not np.isfinite(xs).all() or not np.isfinite(ys).all()
                 or (len(ys) and (ys.min() < 0 or ys.max() >= self.num_classes))):
@@ -97,7 +98,7 @@ class FedFedClient(FedPersClient):
                                     f"{xs.shape} / labels {ys.shape}")
         self.shared_x = torch.as_tensor(xs, dtype=torch.float32, device=self.device)
         self.shared_y = torch.as_tensor(ys, device=self.device).round().long()
-        super().prepare(list(parameters[:n]))
+        super().prepare(parameters)
 
     def distilling(self) -> bool:
         """Is this a feature-distillation round?"""
@@ -162,18 +163,15 @@ class FedFedClient(FedPersClient):
         self.save_state(SHARED_FLAG, [np.ones(1, np.float32)])
         return [xs.cpu().numpy().astype(np.float32), ys.cpu().numpy().astype(np.float32)]
 
-    def upload_arrays(self) -> list[np.ndarray]:
+    def upload_content(self) -> dict[str, list[np.ndarray]]:
         """The model, then the shared features and labels (empty unless this is the client's share)."""
-        return get_arrays(self.model, "all") + self.shared_upload()
-
-    def get_parameters(self, config: dict[str, Any]) -> list[np.ndarray]:
-        """The model and no shared features."""
-        return get_arrays(self.model, "all") + empty_shared(self.input_shape)
+        xs, ys = self.shared_upload()
+        return {MODEL_SECTION: get_arrays(self.model, "all"), "shared_features": [xs], "shared_labels": [ys]}
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
         """As the base; reports how many shared samples were trained on."""
         self._round = server_round_of(config)
         upload, n, metrics = super().fit(parameters, config)
         metrics["shared_samples_used"] = int(len(self.shared_y)) if not self.distilling() else 0
-        metrics["shared_samples_sent"] = int(len(upload[-1]))
+        metrics["shared_samples_sent"] = int(len(upload[-1]))  # the shared_labels section, last (fedfed.UPLOAD)
         return upload, n, metrics

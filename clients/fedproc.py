@@ -18,7 +18,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from clients.scaffold import ServerStateClient
+from clients.server_state import ServerStateClient
+from fedpers.algorithms import fedproc
 from fedpers.algorithms.fedproc import fedproc_weight, prototype_contrastive_loss
 from fedpers.algorithms.prototypes import class_prototypes
 from fedpers.federation import get_federation
@@ -28,7 +29,8 @@ from fedpers.training import backbone_features
 class FedProcClient(ServerStateClient):
     """Hybrid CE + prototype-contrastive local loss; uploads class prototypes."""
 
-    expected_server_arrays = 2
+    broadcast_sections = fedproc.BROADCAST
+    upload_sections = fedproc.UPLOAD
 
     def on_download(self) -> None:
         """Global prototypes and which classes have one."""
@@ -46,9 +48,9 @@ class FedProcClient(ServerStateClient):
         pc = prototype_contrastive_loss(z, y, self.prototypes, self.cfg.fedproc_tau, self.available)
         return (1.0 - a) * task + a * pc
 
-    def extra_upload(self) -> list[np.ndarray]:
+    def extra_upload(self) -> dict[str, list[np.ndarray]]:
         """Local class prototypes and counts after training."""
         num_classes = get_federation(self.cfg).num_classes
         feats = backbone_features(self.model, self.data.train.x)
         protos, counts = class_prototypes(feats, self.data.train.y, num_classes)
-        return [protos, counts]
+        return {"class_prototypes": [protos], "class_counts": [counts]}

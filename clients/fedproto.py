@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from clients.base import FedPersClient
+from fedpers.algorithms import fedproto
 from fedpers.algorithms.fedproto import fedproto_loss, nearest_prototype
 from fedpers.algorithms.prototypes import class_prototypes
 from fedpers.errors import ClientUpdateError
@@ -36,7 +37,9 @@ class FedProtoClient(FedPersClient):
     """Local model, prototype-regularised training, prototype upload, nearest-prototype inference."""
 
     download_part = "all"  # unused: prepare is overridden (the broadcast is prototypes)
-    upload_part = "all"  # unused: upload_arrays is overridden
+    upload_part = "all"  # unused: upload_content is overridden
+    broadcast_sections = fedproto.BROADCAST
+    upload_sections = fedproto.UPLOAD
     persistent_part = "all"
 
     def __init__(self, cfg, context):
@@ -45,16 +48,18 @@ class FedProtoClient(FedPersClient):
         self.feature_dim = int(self.model.head.in_features)
 
     def prepare(self, parameters: list[np.ndarray]) -> None:
-        """Read the global prototypes and mask; restore the client's own model."""
+        """Read the global prototypes and mask (the broadcast has no model section); restore the client's
+        own model."""
         c, d = self.num_classes, self.feature_dim
-        if (len(parameters) != 2 or tuple(np.shape(parameters[0])) != (c, d)
-                or tuple(np.shape(parameters[1])) != (c,)):
+        protos, mask = self.received["global_prototypes"], self.received["prototype_mask"]
+        if (len(protos) != 1 or len(mask) != 1 or tuple(np.shape(protos[0])) != (c, d)
+                or tuple(np.shape(mask[0])) != (c,)):
             raise ClientUpdateError(f"client {self.partition_id}: server broadcast: expected prototypes {(c, d)} "
-                                    f"and a mask {(c,)}, got {[tuple(np.shape(a)) for a in parameters]}")
-        if not all(np.isfinite(a).all() for a in parameters):
+                                    f"and a mask {(c,)}, got {[tuple(np.shape(a)) for a in protos + mask]}")
+        if not (np.isfinite(protos[0]).all() and np.isfinite(mask[0]).all()):
             raise ClientUpdateError(f"client {self.partition_id}: server broadcast: prototypes are not finite")
-        self.prototypes = torch.as_tensor(np.asarray(parameters[0]), dtype=torch.float32, device=self.device)
-        self.available = torch.as_tensor(np.asarray(parameters[1]) > 0, device=self.device)
+        self.prototypes = torch.as_tensor(np.asarray(protos[0]), dtype=torch.float32, device=self.device)
+        self.available = torch.as_tensor(np.asarray(mask[0]) > 0, device=self.device)
         set_arrays(self.model, self.personal_arrays(), "all", source=f"client {self.partition_id}: saved state")
 
     def batch_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -67,14 +72,14 @@ class FedProtoClient(FedPersClient):
         train = self.data.train
         return class_prototypes(backbone_features(self.model, train.x), train.y, self.num_classes)
 
-    def upload_arrays(self) -> list[np.ndarray]:
+    def upload_content(self) -> dict[str, list[np.ndarray]]:
         """The client's prototypes and class counts (float32)."""
         protos, counts = self.local_prototypes()
-        return [protos.astype(np.float32), counts.astype(np.float32)]
+        return {"class_prototypes": [protos.astype(np.float32)], "class_counts": [counts.astype(np.float32)]}
 
     def get_parameters(self, config):
         """What the client would upload: its prototypes and counts."""
-        return self.upload_arrays()
+        return [a for name in self.upload_sections for a in self.upload_content()[name]]
 
     def predictions(self, mode: str, test_x: torch.Tensor) -> torch.Tensor:
         """Predicted classes of ``test_x`` by ``mode`` (global / local prototypes, or the head)."""

@@ -22,12 +22,15 @@ import torch
 import torch.nn.functional as F
 
 from fedpers import seeds
-from fedpers.algorithms.jdfl import class_only_predictions, random_targets, soft_target_loss, targets_from_domain_row
+from fedpers.algorithms.jdfl import (DISCOVERY_BROADCAST, DISCOVERY_UPLOAD, class_only_predictions, random_targets,
+                                     soft_target_loss, targets_from_domain_row)
+from fedpers.errors import ClientUpdateError
 from fedpers.federation import get_federation
 from fedpers.models import expand_head, get_arrays, layer_subset_names, parameter_names, set_arrays
 from fedpers.seeds import derived_seed
 from fedpers.training import predict_logits, seed_everything, sgd, train_epochs
-from fedpers.wire import JDFL_ROW, float_row_of, server_round_of
+from fedpers.wire import (JDFL_ROW, MODEL_SECTION, SectionError, float_row_of, join_sections, server_round_of,
+                          split_sections)
 
 
 class JDFLClientMixin:
@@ -42,17 +45,20 @@ class JDFLClientMixin:
         """Discovery message, or a training round with this client's targets."""
         server_round = server_round_of(config)
         if config.get("jdfl_phase") == "discovery":
-            return self.discovery_fit(parameters, server_round)
+            return self.discovery_fit(parameters, config, server_round)
         self.jdfl_row = torch.tensor(float_row_of(config, JDFL_ROW, default=(1.0,)))
         self.jdfl_generator = torch.Generator().manual_seed(
             derived_seed(self.cfg.seed, server_round, self.partition_id, seeds.JDFL_RANDOM_TARGETS))
         return super().fit(parameters, config)
 
-    def discovery_fit(self, parameters: list[np.ndarray], server_round: int):
+    def discovery_fit(self, parameters: list[np.ndarray], config: dict[str, Any], server_round: int):
         """Phase 1 (Sec. 4.2): E0 epochs of CE SGD from theta^0; the update on the layer subset."""
         cfg = self.cfg
-        n = len(parameter_names(self.model, "all"))
-        set_arrays(self.model, list(parameters[:n]), "all", source=f"client {self.partition_id}: discovery broadcast")
+        try:
+            theta0 = split_sections(list(parameters), config, DISCOVERY_BROADCAST)[MODEL_SECTION]
+        except SectionError as exc:
+            raise ClientUpdateError(f"client {self.partition_id}: discovery broadcast: {exc}") from None
+        set_arrays(self.model, theta0, "all", source=f"client {self.partition_id}: discovery broadcast")
         names = layer_subset_names(self.model, cfg.jdfl_layers)
         before = {k: v.detach().clone() for k, v in self.model.state_dict().items() if k in names}
         generator = seed_everything(cfg.seed, server_round, self.partition_id, seeds.JDFL_DISCOVERY)
@@ -62,8 +68,9 @@ class JDFLClientMixin:
                             batch_size=cfg.jdfl_discovery_batch or cfg.batch_size, optimizer=opt,
                             batch_loss=lambda x, y: F.cross_entropy(self.model(x), y), generator=generator)
         state = self.model.state_dict()
-        update = [(state[k] - before[k]).detach().cpu().numpy() for k in names]
-        return update, len(train), {"partition_id": self.partition_id, "train_loss": float(loss)}
+        update, counts = join_sections({"discovery_update": [(state[k] - before[k]).detach().cpu().numpy()
+                                                             for k in names]}, DISCOVERY_UPLOAD)
+        return update, len(train), {"partition_id": self.partition_id, "train_loss": float(loss), **counts}
 
     def prepare(self, parameters: list[np.ndarray]) -> None:
         """Grow the head to the broadcast's M x C outputs, then the optimizer's own prepare."""

@@ -70,7 +70,7 @@ def checkpoint_to_resume(cfg: Config) -> dict | None:
         raise FedpersError("config key 'resume': resume=true needs checkpoint_dir")
     if not checkpoint_path(cfg.checkpoint_dir).is_file():
         return None
-    return load_checkpoint(cfg.checkpoint_dir, cfg.to_dict())
+    return load_checkpoint(cfg.checkpoint_dir, cfg)
 
 
 def _resume(cfg: Config, strategy, config: ServerConfig, state: dict) -> ServerAppComponents:

@@ -22,6 +22,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from fedpers.errors import FedpersError
+from fedpers.schema import Config
 from fedpers.state_store import FORMAT_VERSION, MECHANICS_KEYS, atomic_save_npz, config_fingerprint, load_npz
 
 CHECKPOINT_FILE = "server_checkpoint.npz"
@@ -33,8 +34,7 @@ def checkpoint_path(checkpoint_dir: str | os.PathLike) -> Path:
     return Path(checkpoint_dir) / CHECKPOINT_FILE
 
 
-def save_checkpoint(checkpoint_dir: str | os.PathLike, state: Mapping[str, Any],
-                    config: Mapping[str, Any]) -> Path:
+def save_checkpoint(checkpoint_dir: str | os.PathLike, state: Mapping[str, Any], config: Config) -> Path:
     """Write a strategy ``state_dict`` atomically; arrays go to the npz, the rest to its JSON metadata."""
     arrays: dict[str, np.ndarray] = {MODEL_PREFIX + k: np.asarray(v) for k, v in state["model"].items()}
     extra_json: dict[str, Any] = {}
@@ -51,7 +51,7 @@ def save_checkpoint(checkpoint_dir: str | os.PathLike, state: Mapping[str, Any],
     return atomic_save_npz(checkpoint_path(checkpoint_dir), arrays, _json_safe(meta))
 
 
-def load_checkpoint(checkpoint_dir: str | os.PathLike, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def load_checkpoint(checkpoint_dir: str | os.PathLike, config: Config | None = None) -> dict[str, Any]:
     """The state written by :func:`save_checkpoint`; with ``config``, check it is the same experiment."""
     path = checkpoint_path(checkpoint_dir)
     if not path.is_file():

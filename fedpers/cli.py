@@ -22,7 +22,7 @@ import time
 
 import yaml
 
-from fedpers.config import KEYS, Config, load_config
+from fedpers.config import Config, full_schema, load_config
 from fedpers.errors import FedpersError
 
 
@@ -171,8 +171,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_config(args: argparse.Namespace) -> int:
     """Print the resolved config (or the key list)."""
     if args.keys:
-        for k in KEYS:
-            print(f"{k.name:24s} {k.type.__name__:6s} default={k.default!r:18s} {k.help}")
+        schema = full_schema()
+        for k in schema.keys:
+            print(f"{k.name:24s} {schema.owner_of[k.name]:9s} {k.type.__name__:6s} default={k.default!r:18s} {k.help}")
         return 0
     print(yaml.safe_dump(resolve(args).to_dict(), sort_keys=False), end="")
     return 0

@@ -1,5 +1,6 @@
-"""The validated config of a registered method (registry layer): :mod:`fedpers.schema` plus the checks
-that need the registry (the method's name, what JDFL can wrap, which methods need Ds).
+"""The validated config of a registered method (registry layer): the full key table (the core's keys of
+:mod:`fedpers.schema`, then each registered method's and extension's own ``KEYS``, in registry order) plus
+the checks that need the registry (the method's name, what JDFL can wrap, which methods need Ds).
 
 Apps, tests and benchmarks build configs here; the core (data, models, training) and the methods read
 ``fedpers.schema.Config`` and never import this module.
@@ -11,10 +12,11 @@ import difflib
 from pathlib import Path
 from typing import Any, Mapping
 
-from fedpers import schema
+import functools
+
 from fedpers.errors import ConfigError
-from fedpers.registry import JDFL_BASES, METHODS
-from fedpers.schema import (KEYS, KEYS_BY_NAME, Config, Key, Value, coerce_value, defaults,  # noqa: F401 (re-exported)
+from fedpers.registry import EXTENSIONS, JDFL_BASES, METHODS
+from fedpers.schema import (CORE_KEYS, Config, Key, Schema, Value, coerce_value,  # noqa: F401 (re-exported)
                             load_yaml, parse_id_list, parse_set_arguments, read_yaml_text)
 
 
@@ -42,10 +44,31 @@ def check_method_combinations(values: Mapping[str, Value]) -> None:
 METHOD_CHECKS = (check_method, check_method_combinations)
 
 
+@functools.cache
+def full_schema() -> Schema:
+    """The run's key table: section ``core`` (:data:`fedpers.schema.CORE_KEYS`), then one section per
+    registered method and extension that declares keys, named after it; a name declared twice is an error."""
+    sections = [("core", CORE_KEYS)]
+    sections += [(spec.name, spec.own_keys()) for spec in METHODS.values() if spec.keys]
+    sections += [(ext.name, ext.own_keys()) for ext in EXTENSIONS if ext.keys]
+    return Schema(tuple(sections), checks=METHOD_CHECKS)
+
+
+def all_keys() -> tuple[Key, ...]:
+    """Every config key, in table order."""
+    return full_schema().keys
+
+
+def defaults() -> dict[str, Value]:
+    """Every config key with its default."""
+    return full_schema().defaults()
+
+
 def build_config(overrides: Mapping[str, Any], base: Mapping[str, Value] | None = None) -> Config:
-    """:func:`fedpers.schema.build_config` with the registry's checks: one ConfigError line naming the key
-    for an unknown key, a wrong type, a value out of range or a method that is not registered."""
-    return schema.build_config(overrides, base, checks=METHOD_CHECKS)
+    """Validate ``overrides`` on ``base`` (default: the defaults) against :func:`full_schema`: one
+    ConfigError line naming the key for an unknown key, a wrong type, a value out of range or a method
+    that is not registered."""
+    return full_schema().build(overrides, base)
 
 
 def load_config(path: str | Path | None = None, sets: list[str] | None = None, **extra: Any) -> Config:

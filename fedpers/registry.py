@@ -1,10 +1,11 @@
 """The one registry of methods (registry layer): name -> server Strategy class and client NumPyClient class.
 
-Classes are named by import path so that reading the registry (e.g. to validate a config) imports
-neither Flower nor torch. A new method is one line here plus its files in ``strategies/`` and
-``clients/`` (see "Adding a method" in CONTRIBUTING.md). What a method is judged by (``metric``) and the
-model it trains (``model_kind``) are declared by its classes; ``needs_aux`` stays here because config
-validation reads it without importing them.
+Classes and key tables are named by import path: reading the registry imports no method, and a config
+is validated against the methods' keys (``fedpers/algorithms/<method>.py:KEYS``, see :mod:`fedpers.config`)
+without importing Flower, a strategy or a client (the math modules import torch). A new method is one line here plus its files in
+``strategies/``, ``clients/`` and ``fedpers/algorithms/`` (see "Adding a method" in CONTRIBUTING.md).
+What a method is judged by (``metric``) and the model it trains (``model_kind``) are declared by its
+classes; ``needs_aux`` stays here because config validation reads it without importing them.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ class MethodSpec:
     name: str
     strategy: str  # "module:Class" of the server Strategy
     client: str  # "module:Class" of the NumPyClient
+    keys: str = ""  # "module:NAME" of the method's own config keys (a tuple of fedpers.schema.Key); "" = none
     needs_aux: bool = False  # uses the server's labelled auxiliary set Ds
     paper: str = ""
 
@@ -36,8 +38,33 @@ class MethodSpec:
         """Import and return the NumPyClient class."""
         return _import(self.client)
 
+    def own_keys(self) -> tuple:
+        """The method's own config keys (imports its math module; empty when it declares none)."""
+        return tuple(_import(self.keys)) if self.keys else ()
 
-def _import(path: str) -> type:
+
+@dataclass(frozen=True)
+class ExtensionSpec:
+    """A plug-in over some methods, switched on by the config key ``name`` (``off`` = not applied): two
+    functions that wrap the method's Strategy and NumPyClient classes, and its own config keys."""
+
+    name: str
+    strategy_wrapper: str  # "module:function" taking and returning a Strategy class
+    client_wrapper: str  # "module:function" taking and returning a NumPyClient class
+    wraps: tuple[str, ...]  # the methods it can be applied to
+    keys: str = ""
+    paper: str = ""
+
+    def applies(self, cfg) -> bool:
+        """Whether the run's config switches the extension on."""
+        return str(cfg.get(self.name, "off")) != "off"
+
+    def own_keys(self) -> tuple:
+        """The extension's own config keys (its switch included)."""
+        return tuple(_import(self.keys)) if self.keys else ()
+
+
+def _import(path: str):
     module, attr = path.split(":")
     return getattr(importlib.import_module(module), attr)
 
@@ -52,45 +79,65 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("fedper", "strategies.fedper:FedPerStrategy", "clients.fedper:FedPerClient",
                    paper="Arivazhagan et al., arXiv:1912.00818"),
         MethodSpec("pfedkdh", "strategies.pfedkdh:PFedKDHStrategy", "clients.pfedkdh:PFedKDHClient",
+                   keys="fedpers.algorithms.pfedkdh:KEYS",
                    needs_aux=True, paper="Souza Neto et al., MLSP 2026"),
         MethodSpec("fedeagd", "strategies.fedeagd:FedEAGDStrategy", "clients.fedeagd:FedEAGDClient",
+                   keys="fedpers.algorithms.fedeagd:KEYS",
                    paper="FedEAGD (paper summary in shared/papers)"),
         MethodSpec("ditto", "strategies.ditto:DittoStrategy", "clients.ditto:DittoClient",
+                   keys="fedpers.algorithms.ditto:KEYS",
                    paper="Li et al., ICML 2021"),
         MethodSpec("pfedme", "strategies.pfedme:PFedMeStrategy", "clients.pfedme:PFedMeClient",
+                   keys="fedpers.algorithms.pfedme:KEYS",
                    paper="Dinh et al., NeurIPS 2020"),
         MethodSpec("fedrep", "strategies.fedrep:FedRepStrategy", "clients.fedrep:FedRepClient",
+                   keys="fedpers.algorithms.fedrep:KEYS",
                    paper="Collins et al., ICML 2021"),
         MethodSpec("fedbabu", "strategies.fedbabu:FedBABUStrategy", "clients.fedbabu:FedBABUClient",
+                   keys="fedpers.algorithms.fedbabu:KEYS",
                    paper="Oh et al., ICLR 2022"),
         MethodSpec("fedala", "strategies.fedala:FedALAStrategy", "clients.fedala:FedALAClient",
+                   keys="fedpers.algorithms.fedala:KEYS",
                    paper="Zhang et al., AAAI 2023"),
         MethodSpec("fedproto", "strategies.fedproto:FedProtoStrategy", "clients.fedproto:FedProtoClient",
+                   keys="fedpers.algorithms.fedproto:KEYS",
                    paper="Tan et al., AAAI 2022"),
         MethodSpec("pfedsim", "strategies.pfedsim:PFedSimStrategy", "clients.pfedsim:PFedSimClient",
+                   keys="fedpers.algorithms.pfedsim:KEYS",
                    paper="Tan et al., arXiv:2305.15706"),
         MethodSpec("fedas", "strategies.fedas:FedASStrategy", "clients.fedas:FedASClient",
+                   keys="fedpers.algorithms.fedas:KEYS",
                    paper="Yang et al., CVPR 2024"),
         MethodSpec("fedfed", "strategies.fedfed:FedFedStrategy", "clients.fedfed:FedFedClient",
+                   keys="fedpers.algorithms.fedfed:KEYS",
                    paper="Yang et al., NeurIPS 2023"),
         # global federated optimizers (issue 4; JDFL wraps them, see JDFL_BASES)
         MethodSpec("scaffold", "strategies.scaffold:ScaffoldStrategy", "clients.scaffold:ScaffoldClient",
+                   keys="fedpers.algorithms.scaffold:KEYS",
                    paper="Karimireddy et al., ICML 2020"),
         MethodSpec("feddyn", "strategies.feddyn:FedDynStrategy", "clients.feddyn:FedDynClient",
+                   keys="fedpers.algorithms.feddyn:KEYS",
                    paper="Acar et al., ICLR 2021"),
         MethodSpec("feddc", "strategies.feddc:FedDCStrategy", "clients.feddc:FedDCClient",
+                   keys="fedpers.algorithms.feddc:KEYS",
                    paper="Gao et al., CVPR 2022"),
         MethodSpec("fedproc", "strategies.fedproc:FedProcStrategy", "clients.fedproc:FedProcClient",
+                   keys="fedpers.algorithms.fedproc:KEYS",
                    paper="Mu et al., FGCS 2023"),
         MethodSpec("moon", "strategies.moon:MoonStrategy", "clients.moon:MoonClient",
+                   keys="fedpers.algorithms.moon:KEYS",
                    paper="Li et al., CVPR 2021"),
     )
 }
 
-# Methods that the JDFL extension (config ``jdfl: graded | random | hard``) can wrap: global optimizers
-# whose client loss goes through ``FedPersClient.task_loss``. JDFL itself is a mixin pair
-# (strategies/jdfl.py, clients/jdfl.py) composed with the method's classes, not a method of its own.
-JDFL_BASES = ("fedavg", "scaffold", "feddyn", "feddc", "fedproc", "moon")
+# JDFL (config ``jdfl: graded | random | hard``) is a mixin pair (strategies/jdfl.py, clients/jdfl.py)
+# composed with the classes of a global optimizer whose client loss goes through
+# ``FedPersClient.task_loss``; not a method of its own.
+JDFL = ExtensionSpec("jdfl", "strategies.jdfl:with_jdfl", "clients.jdfl:with_jdfl",
+                     wraps=("fedavg", "scaffold", "feddyn", "feddc", "fedproc", "moon"),
+                     keys="fedpers.algorithms.jdfl:KEYS", paper="JDFL (paper in shared/papers)")
+EXTENSIONS: tuple[ExtensionSpec, ...] = (JDFL,)
+JDFL_BASES = JDFL.wraps
 
 
 def get_method(name: str) -> MethodSpec:
@@ -98,27 +145,21 @@ def get_method(name: str) -> MethodSpec:
     return METHODS[name]
 
 
-def _jdfl_on(cfg) -> bool:
-    return str(cfg.get("jdfl", "off")) != "off"
-
-
 def strategy_class_for(cfg) -> type:
-    """The run's Strategy class: the method's, wrapped by JDFL when ``cfg.jdfl`` is not ``off``."""
+    """The run's Strategy class: the method's, wrapped by each extension the config switches on (JDFL)."""
     cls = get_method(cfg.method).strategy_class()
-    if _jdfl_on(cfg):
-        from strategies.jdfl import with_jdfl
-
-        cls = with_jdfl(cls)
+    for extension in EXTENSIONS:
+        if extension.applies(cfg):
+            cls = _import(extension.strategy_wrapper)(cls)
     return cls
 
 
 def client_class_for(cfg) -> type:
-    """The run's NumPyClient class: the method's, wrapped by JDFL when ``cfg.jdfl`` is not ``off``."""
+    """The run's NumPyClient class: the method's, wrapped by each extension the config switches on (JDFL)."""
     cls = get_method(cfg.method).client_class()
-    if _jdfl_on(cfg):
-        from clients.jdfl import with_jdfl
-
-        cls = with_jdfl(cls)
+    for extension in EXTENSIONS:
+        if extension.applies(cfg):
+            cls = _import(extension.client_wrapper)(cls)
     return cls
 
 

@@ -15,7 +15,7 @@ version before it, which ``load(name, max_round=r)`` returns.
 
 A file's metadata carries a fingerprint of the experiment (the config without the keys that only steer
 how a run is executed), so state from another experiment in the same directory is ignored, not loaded.
-numpy + json (+ the config schema's defaults): no Flower, no torch.
+numpy + json (+ the config's schema, for its defaults): no Flower, no torch.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+
+from fedpers.schema import Config
 
 META_KEY = "__meta__"
 FORMAT_VERSION = 1
@@ -47,12 +49,10 @@ def state_dir_of(node_config: Mapping[str, Any], client_state_dir: str) -> str:
     return str(node_config.get("state-dir", "") or client_state_dir)
 
 
-def config_fingerprint(config: Mapping[str, Any]) -> str:
-    """Short hash of the experiment-defining part of a config: the keys that differ from the schema
-    defaults, less the run mechanics (so keys added to the schema later, with defaults, change nothing)."""
-    from fedpers.schema import defaults  # no Flower, no torch
-
-    default = defaults()
+def config_fingerprint(config: Config) -> str:
+    """Short hash of the experiment-defining part of a config: the keys that differ from the defaults of
+    its schema, less the run mechanics (so keys added to the schema later, with defaults, change nothing)."""
+    default = config.defaults()
     items = {k: config[k] for k in sorted(config)
              if k not in MECHANICS_KEYS and (k not in default or config[k] != default[k])}
     return hashlib.sha256(json.dumps(items, sort_keys=True, default=str).encode()).hexdigest()[:16]

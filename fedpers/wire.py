@@ -72,3 +72,54 @@ def carried_evaluation_of(metrics: Mapping[str, Any]) -> tuple[float, int, dict[
     rest = {key[len(CARRIED_PREFIX):]: value for key, value in metrics.items()
             if key.startswith(CARRIED_PREFIX) and key not in (_CARRIED_LOSS, _CARRIED_EXAMPLES)}
     return float(metrics[_CARRIED_LOSS]), int(metrics[_CARRIED_EXAMPLES]), rest
+
+
+# --- the arrays of a message, in named sections ---------------------------------------------------------
+# A message's arrays are named sections, concatenated in the order the method declares them once (its
+# math module's BROADCAST / UPLOAD, set as ``broadcast_sections`` / ``upload_sections`` on its strategy
+# and its client). The sender puts each section's number of arrays next to them (the config of a fit or
+# evaluate message, the metrics of a fit reply) under ARRAYS_PREFIX + name; the receiver splits by name
+# and refuses a message whose sections are not the declared ones or whose counts do not add up.
+MODEL_SECTION = "model"  # the model part a method broadcasts or uploads (download_part / upload_part)
+ARRAYS_PREFIX = "arrays:"
+
+
+class SectionError(ValueError):
+    """A message's arrays are not the sections its method declares."""
+
+
+def join_sections(sections: Mapping[str, Any], names: tuple[str, ...]) -> tuple[list, dict[str, int]]:
+    """The arrays of a message (``sections`` in the declared order ``names``) and the entries that count
+    them; raises SectionError when ``sections`` are not exactly ``names`` (the sender's own check)."""
+    if set(sections) != set(names):
+        raise SectionError(f"sections {sorted(sections)} sent, but the method declares {list(names)}")
+    arrays = [array for name in names for array in sections[name]]
+    return arrays, {ARRAYS_PREFIX + name: len(sections[name]) for name in names}
+
+
+def section_counts_of(entries: Mapping[str, Any]) -> dict[str, int]:
+    """The section-count entries of a message's config or metrics (to pass on with the same arrays)."""
+    return {key: value for key, value in entries.items() if key.startswith(ARRAYS_PREFIX)}
+
+
+def split_sections(arrays: list, entries: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, list]:
+    """The sections ``names`` of a received message's ``arrays``, split by the counts in ``entries`` (its
+    config or metrics). A message of one section may come without counts (all arrays are that section).
+    Raises SectionError naming what differs from the declaration."""
+    counts = {key[len(ARRAYS_PREFIX):]: value for key, value in entries.items() if key.startswith(ARRAYS_PREFIX)}
+    if not counts and len(names) == 1:
+        return {names[0]: list(arrays)}
+    if set(counts) != set(names):
+        raise SectionError(f"sections {sorted(counts)} received, but the method declares {list(names)}")
+    bad = [name for name in names
+           if isinstance(counts[name], bool) or not isinstance(counts[name], int) or counts[name] < 0]
+    if bad:
+        raise SectionError(f"section '{bad[0]}': array count {counts[bad[0]]!r} is not a non-negative integer")
+    if sum(counts[name] for name in names) != len(arrays):
+        raise SectionError(f"{len(arrays)} arrays received, but the sections count "
+                           f"{', '.join(f'{name}={counts[name]}' for name in names)}")
+    out, start = {}, 0
+    for name in names:
+        out[name] = list(arrays[start:start + counts[name]])
+        start += counts[name]
+    return out

@@ -23,7 +23,7 @@ import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from logging import INFO, WARNING
-from typing import Any, TypedDict
+from typing import Any, NamedTuple, TypedDict
 
 import numpy as np
 from flwr.common import (
@@ -50,10 +50,20 @@ from fedpers.results import ACCURACY_PREFIXES, ResultsWriter, accuracy_summary
 from fedpers.schema import Config
 from fedpers.training import accuracy_and_loss, predict_logits, resolve_device
 from fedpers.validation import aggregate_updates, update_problem
-from fedpers.wire import carried_evaluation_of, round_config, with_evaluation
+from fedpers.wire import (MODEL_SECTION, SectionError, carried_evaluation_of, join_sections, round_config,
+                          split_sections, with_evaluation)
 
-# The validated uploads of a round: partition id -> (uploaded arrays, sample count), in arrival order.
-Updates = dict[int, tuple[list[np.ndarray], int]]
+
+class Upload(NamedTuple):
+    """One validated client upload: its model section, its sample count and its other named sections."""
+
+    model: list[np.ndarray]  # the upload's "model" section (upload_part of the client's model; [] if none)
+    num_examples: int
+    sections: dict[str, list[np.ndarray]]  # the other sections by name (SCAFFOLD's "control_delta", ...)
+
+
+# The validated uploads of a round: partition id -> its Upload, in arrival order.
+Updates = dict[int, Upload]
 
 
 class RoundState(TypedDict, total=False):
@@ -90,6 +100,10 @@ class FedPersStrategy(Strategy):
 
     download_part: Part = "all"
     upload_part: Part = "all"
+    # the named sections of the broadcast and of a client's upload, in order (fedpers.wire): declared once
+    # in the method's math module and set on its strategy and its client alike
+    broadcast_sections: tuple[str, ...] = (MODEL_SECTION,)
+    upload_sections: tuple[str, ...] = (MODEL_SECTION,)
     has_global_model: bool = True
     # True where every client's personalized model *is* the global model (FedAvg and the global optimizers
     # built on it): the per-client accuracies are then read off the server's one evaluation of the global
@@ -118,6 +132,7 @@ class FedPersStrategy(Strategy):
         self._round: RoundState = {}
         # a round whose evaluation waits for the next round's fit replies: {"round": t, "state": its RoundState}
         self._pending: dict[str, Any] | None = None
+        self._broadcast_counts: dict[str, int] | None = None  # the section counts of the last download_arrays()
         self.prepare_global_model()
 
     # --- hooks for methods --------------------------------------------------------------------
@@ -132,7 +147,13 @@ class FedPersStrategy(Strategy):
         """Aggregate the validated updates, keyed by the partition id that sent them (default:
         ``aggregate_updates`` with the config's rule); methods that upload server state next to the model
         (SCAFFOLD, FedDC, FedProc) aggregate it here, per-client methods (pFedSim) keep them by client."""
-        return aggregate_updates(list(updates.values()), self.cfg.aggregation, self.cfg.trim_fraction)
+        return aggregate_updates([(u.model, u.num_examples) for u in updates.values()], self.cfg.aggregation,
+                                 self.cfg.trim_fraction)
+
+    def upload_section_shapes(self) -> dict[str, list[tuple[int, ...]]]:
+        """The shapes every upload's sections must have, by name (default: the model section's); a section
+        left out has shapes that vary (FedFed's shared features) and is checked by the method."""
+        return {MODEL_SECTION: self.upload_shapes}
 
     def summary_extras(self) -> dict[str, Any]:
         """Method-specific fields added to ``summary.json`` (default: none)."""
@@ -144,9 +165,22 @@ class FedPersStrategy(Strategy):
         rebuild it too."""
         self.upload_shapes = array_shapes(self.model, self.upload_part)
 
+    def broadcast_content(self) -> dict[str, list[np.ndarray]]:
+        """The broadcast's sections by name (default: the model's ``download_part``)."""
+        return {MODEL_SECTION: get_arrays(self.model, self.download_part)}
+
     def download_arrays(self) -> list[np.ndarray]:
-        """Arrays broadcast to clients."""
-        return get_arrays(self.model, self.download_part)
+        """Arrays broadcast to clients (:meth:`broadcast_content` in the declared section order); the
+        counts of its sections go in every message's config (:meth:`message_config`)."""
+        arrays, self._broadcast_counts = join_sections(self.broadcast_content(), self.broadcast_sections)
+        return arrays
+
+    def message_config(self, server_round: int, **extra: Any) -> dict[str, Any]:
+        """The config of a fit or evaluate message of ``server_round`` that carries the current broadcast:
+        the round, the counts of the broadcast's sections, and ``extra``."""
+        if getattr(self, "_broadcast_counts", None) is None:
+            self.download_arrays()
+        return round_config(server_round, **self._broadcast_counts, **extra)
 
     # --- checkpoint / resume (fedpers/checkpoint.py) ------------------------------------------------
     def extra_state(self) -> dict[str, Any]:
@@ -195,7 +229,7 @@ class FedPersStrategy(Strategy):
         """Write :meth:`state_dict` to ``checkpoint_dir`` atomically (called after every round)."""
         from fedpers.checkpoint import save_checkpoint
 
-        save_checkpoint(self.cfg.checkpoint_dir, self.state_dict(), self.cfg.to_dict())
+        save_checkpoint(self.cfg.checkpoint_dir, self.state_dict(), self.cfg)
 
     # --- Flower Strategy interface ----------------------------------------------------------------
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
@@ -209,7 +243,7 @@ class FedPersStrategy(Strategy):
         proxies = self._proxies_by_partition(client_manager, server_round)
         chosen = self._fit_sample(server_round, proxies)
         self._round["fit_clients"] = chosen
-        ins = FitIns(parameters, round_config(server_round))
+        ins = FitIns(parameters, self.message_config(server_round))
         self._round["bytes_down"] += parameters_nbytes(parameters) * len(chosen)
         if self._pending is None:
             return [(proxies[p], ins) for p in chosen]
@@ -218,18 +252,20 @@ class FedPersStrategy(Strategy):
         return [(proxies[p], carrying if p in deferred else ins) for p in chosen]
 
     def per_client_fit(self, pairs: list[tuple[ClientProxy, FitIns]],
-                       arrays_for) -> list[tuple[ClientProxy, FitIns]]:
-        """Replace each sampled client's FitIns by one carrying ``arrays_for(partition_id)`` (same config),
-        and count the round's ``bytes_down`` as the sum of what is actually sent (pFedSim, FedFed)."""
+                       content_for) -> list[tuple[ClientProxy, FitIns]]:
+        """Replace each sampled client's FitIns by one carrying the sections ``content_for(partition_id)``
+        (same config, their own counts), and count the round's ``bytes_down`` as the sum of what is
+        actually sent (pFedSim, FedFed)."""
         if self.fit_carries_evaluation:
             raise FedpersError(f"{type(self).__name__}: per-client fit broadcasts need fit_carries_evaluation = "
                                "False (a carried evaluation would run on another model than the evaluate broadcast)")
         out = []
         sent = 0
         for proxy, ins in pairs:
-            params = ndarrays_to_parameters(arrays_for(self.partition_of[proxy.cid]))
+            arrays, counts = join_sections(content_for(self.partition_of[proxy.cid]), self.broadcast_sections)
+            params = ndarrays_to_parameters(arrays)
             sent += parameters_nbytes(params)
-            out.append((proxy, FitIns(params, dict(ins.config))))
+            out.append((proxy, FitIns(params, {**ins.config, **counts})))
         self._round["bytes_down"] = sent
         return out
 
@@ -251,12 +287,7 @@ class FedPersStrategy(Strategy):
         for proxy, res in results:
             self._round["bytes_up"] += parameters_nbytes(res.parameters)
             pid = self.partition_of.get(proxy.cid, "?")
-            try:
-                arrays = parameters_to_ndarrays(res.parameters)
-            except Exception as exc:  # undecodable payload
-                arrays, problem = [], f"undecodable arrays ({type(exc).__name__})"
-            else:
-                problem = update_problem(arrays, self.upload_shapes, res.num_examples, self._max_samples(pid))
+            sections, problem = self._upload_of(res, pid)
             if not problem and (not isinstance(pid, int) or pid in valid):
                 problem = "no partition id for this node" if not isinstance(pid, int) else "a second update this round"
             if problem:
@@ -264,7 +295,7 @@ class FedPersStrategy(Strategy):
                 log(WARNING, "round %d: rejected update from client %s (node %s): %s",
                     server_round, pid, proxy.cid, problem)
                 continue
-            valid[pid] = (arrays, int(res.num_examples))
+            valid[pid] = Upload(sections.pop(MODEL_SECTION, []), int(res.num_examples), sections)
             if "node" in res.metrics:
                 self._round["fit_nodes"][str(pid)] = str(res.metrics["node"])
             loss = res.metrics.get("train_loss")
@@ -282,6 +313,23 @@ class FedPersStrategy(Strategy):
             )
         self.apply_aggregate(server_round, self.aggregate(server_round, valid))
         return ndarrays_to_parameters(self.download_arrays()), {}
+
+    def _upload_of(self, res: FitRes, pid: Any) -> tuple[dict[str, list[np.ndarray]], str | None]:
+        """A fit reply's sections by name and why it must not be aggregated (None when it may): undecodable,
+        not the declared sections, or a section of fixed shapes with a wrong one (or non-finite values)."""
+        try:
+            arrays = parameters_to_ndarrays(res.parameters)
+        except Exception as exc:  # undecodable payload
+            return {}, f"undecodable arrays ({type(exc).__name__})"
+        try:
+            sections = split_sections(arrays, res.metrics, self.upload_sections)
+        except SectionError as exc:
+            return {}, str(exc)
+        for name, shapes in self.upload_section_shapes().items():
+            problem = update_problem(sections[name], shapes, res.num_examples, self._max_samples(pid))
+            if problem:
+                return {}, problem if name == MODEL_SECTION and len(sections) == 1 else f"section '{name}': {problem}"
+        return sections, None
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
         """Global accuracy of the shared model on the whole test set (methods with a global model)."""
@@ -319,7 +367,7 @@ class FedPersStrategy(Strategy):
         self._round["bytes_down"] += parameters_nbytes(parameters) * len(asked)
         if not asked:  # Flower calls aggregate_evaluate only after messages were sent
             self._end_evaluation(server_round)
-        ins = EvaluateIns(parameters, round_config(server_round))
+        ins = EvaluateIns(parameters, self.message_config(server_round))
         return [(proxies[p], ins) for p in asked]
 
     def aggregate_evaluate(self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]],

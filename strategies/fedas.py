@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedpers.algorithms import fedas
 from fedpers.algorithms.fedas import fisher_weights
-from fedpers.models import array_shapes
 from fedpers.validation import aggregate_updates, weighted_average
 from strategies.base import FedPersStrategy, Updates
 
@@ -27,20 +27,25 @@ class FedASStrategy(FedPersStrategy):
 
     download_part = "backbone"
     upload_part = "backbone"
+    broadcast_sections = fedas.BROADCAST
+    upload_sections = fedas.UPLOAD
     has_global_model = False
 
     def prepare_global_model(self) -> None:
-        """Uploads: the backbone's arrays plus the Fisher trace (1,)."""
-        self.upload_shapes = array_shapes(self.model, "backbone") + [(1,)]
+        """No Fisher weights yet."""
         self.last_weights: dict[str, float] = {}
+
+    def upload_section_shapes(self) -> dict[str, list[tuple[int, ...]]]:
+        """The backbone's arrays and the Fisher trace (1,)."""
+        return {**super().upload_section_shapes(), "fisher_trace": [(1,)]}
 
     def aggregate(self, server_round: int, updates: Updates) -> list[np.ndarray]:
         """Fisher-trace-weighted mean of the uploaded backbones."""
         valid = list(updates.values())
-        models = [(arrays[:-1], n) for arrays, n in valid]
+        models = [(u.model, u.num_examples) for u in valid]
         if self.cfg.aggregation != "mean":
             return aggregate_updates(models, self.cfg.aggregation, self.cfg.trim_fraction)
-        traces = [float(np.asarray(arrays[-1]).reshape(-1)[0]) for arrays, _ in valid]
-        weights = fisher_weights(traces, [n for _, n in valid])
+        traces = [float(np.asarray(u.sections["fisher_trace"][0]).reshape(-1)[0]) for u in valid]
+        weights = fisher_weights(traces, [u.num_examples for u in valid])
         self._round.setdefault("extras", {})["fedas_fisher_weights"] = [round(float(w), 4) for w in weights]
         return weighted_average([(m, float(w)) for (m, _), w in zip(models, weights) if w > 0])

@@ -11,30 +11,34 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedpers.algorithms import feddc
 from fedpers.algorithms.feddc import feddc_server_state
 from fedpers.algorithms.server_state import zeros_like
 from fedpers.models import array_shapes, get_arrays, set_arrays
 from strategies.base import Updates
-from strategies.scaffold import ServerStateStrategy
+from strategies.server_state import ServerStateStrategy
 
 
 class FedDCStrategy(ServerStateStrategy):
     """FedDC: w from drift-corrected uploads; g broadcast with w."""
 
+    broadcast_sections = feddc.BROADCAST
+    upload_sections = feddc.UPLOAD
+
     def initial_server_state(self) -> list[np.ndarray]:
         """g = 0."""
         return zeros_like(get_arrays(self.model, "all"))
 
-    def extra_upload_shapes(self) -> list[tuple[int, ...]]:
+    def extra_upload_shapes(self) -> dict[str, list[tuple[int, ...]]]:
         """Delta g_i has the model's shapes."""
-        return array_shapes(self.model, "all")
+        return {"update_rate_delta": array_shapes(self.model, "all")}
 
     def aggregate(self, server_round: int, updates: Updates):
         """w = mean(theta_i + h_i); g += |S|/N mean(Delta g_i)."""
-        models, deltas = self.split(updates)
+        deltas = self.section_updates(updates, "update_rate_delta")
         self.server_state = feddc_server_state(self.server_state, self.plain_mean(deltas), len(updates),
                                                self.federation.num_clients)
-        return self.aggregate_model(models)
+        return self.aggregate_model(self.model_updates(updates))
 
     def apply_aggregate(self, server_round: int, aggregated: list[np.ndarray]) -> None:
         """Install w."""

@@ -15,7 +15,7 @@ from fedpers.algorithms.feddyn import feddyn_server_update
 from fedpers.algorithms.server_state import zeros_like
 from fedpers.models import get_arrays, set_arrays
 from strategies.base import Updates
-from strategies.scaffold import ServerStateStrategy
+from strategies.server_state import ServerStateStrategy
 
 
 class FedDynStrategy(ServerStateStrategy):
@@ -28,7 +28,7 @@ class FedDynStrategy(ServerStateStrategy):
 
     def aggregate(self, server_round: int, updates: Updates):
         """Alg. 1 lines 9-10."""
-        models, _ = self.split(updates)
+        models = self.model_updates(updates)
         theta, self.h = feddyn_server_update(self.h, get_arrays(self.model, "all"), self.aggregate_model(models),
                                              num_sampled=len(updates), num_clients=self.federation.num_clients,
                                              alpha=self.cfg.feddyn_alpha)

@@ -5,10 +5,10 @@ Federated Learning"), server side, on FedAvg.
   15 rounds, ours: counted inside ``rounds``): FedAvg on the classifier model while the sampled clients
   train their local feature-distillation module jointly with it (``clients/fedfed.py``).
 * **Sharing** (once per client): from round D on, a sampled client that took part in distillation and has
-  not shared yet appends its noisy performance-sensitive features and their labels to its model upload
-  (two extra arrays, empty otherwise). The server checks them (shapes, finiteness, labels, at most two
-  noisy copies of the client's train set), strips them from the update and adds them to the **global
-  shared dataset**; the model part is validated and averaged as FedAvg.
+  not shared yet sends its noisy performance-sensitive features and their labels in the upload's
+  ``shared_features`` / ``shared_labels`` sections (empty otherwise). The server checks them (shapes,
+  finiteness, labels, at most two noisy copies of the client's train set) and adds them to the **global
+  shared dataset**; the model section is validated and averaged as FedAvg.
 * **Training phase** (rounds > D): each sampled client gets its own ``FitIns`` (per-client broadcast):
   the global model plus a random draw, without replacement, of ``min(|D_k|, |shared|)`` shared samples
   (the authors' FL-bench port draws as many shared samples as the client has, every round), which it
@@ -24,13 +24,14 @@ from logging import WARNING
 from typing import Any
 
 import numpy as np
-from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.common import log
 
 from fedpers import seeds
+from fedpers.algorithms import fedfed
 from fedpers.algorithms.fedfed import distill_rounds, empty_shared
-from fedpers.models import get_arrays, parameter_names
-from strategies.base import FedPersStrategy, parameters_nbytes
+from fedpers.models import get_arrays
+from fedpers.wire import MODEL_SECTION
+from strategies.base import FedPersStrategy, Updates
 
 
 def shared_problem(xs: np.ndarray, ys: np.ndarray, input_shape, num_classes: int, max_rows: int) -> str | None:
@@ -51,26 +52,29 @@ class FedFedStrategy(FedPersStrategy):
 
     download_part = "all"
     upload_part = "all"
+    broadcast_sections = fedfed.BROADCAST
+    upload_sections = fedfed.UPLOAD
     has_global_model = True
     fit_carries_evaluation = False  # per-client fit broadcasts (FedPersStrategy.per_client_fit)
 
     def prepare_global_model(self) -> None:
         """Empty shared dataset; the model part of an upload is the whole model."""
         self.distill = distill_rounds(self.cfg)
-        self.num_model_arrays = len(parameter_names(self.model, "all"))
         self.shared_x, self.shared_y = empty_shared(self.federation.input_shape)
         self.sharers: set[int] = set()
 
-    def download_arrays(self) -> list[np.ndarray]:
+    def broadcast_content(self) -> dict[str, list[np.ndarray]]:
         """The global model and no shared samples (the per-client draws go in configure_fit)."""
-        return get_arrays(self.model, "all") + empty_shared(self.federation.input_shape)
+        xs, ys = empty_shared(self.federation.input_shape)
+        return {MODEL_SECTION: get_arrays(self.model, "all"), "shared_features": [xs], "shared_labels": [ys]}
 
-    def draw(self, pid: int, server_round: int) -> list[np.ndarray]:
+    def draw(self, pid: int, server_round: int) -> dict[str, list[np.ndarray]]:
         """The global model and a random draw of min(|D_k|, |shared|) shared samples for client ``pid``."""
         n = len(self.shared_y)
         m = min(n, len(self.federation.partition.train[pid]))
         idx = np.sort(np.random.default_rng([self.cfg.seed, server_round, pid, seeds.FEDFED_SHARED_DRAW]).choice(n, size=m, replace=False))
-        return get_arrays(self.model, "all") + [self.shared_x[idx], self.shared_y[idx]]
+        return {MODEL_SECTION: get_arrays(self.model, "all"), "shared_features": [self.shared_x[idx]],
+                "shared_labels": [self.shared_y[idx]]}
 
     def configure_fit(self, server_round, parameters, client_manager):
         """Training phase with shared data: per-client broadcasts of model + shared draw."""
@@ -79,37 +83,33 @@ class FedFedStrategy(FedPersStrategy):
             return pairs
         return self.per_client_fit(pairs, lambda pid: self.draw(pid, server_round))
 
-    def aggregate_fit(self, server_round, results, failures):
-        """Take the shared features out of each upload (into the global shared dataset), then FedAvg."""
-        n = self.num_model_arrays
-        stripped, shared_bytes = [], 0
-        for proxy, res in results:
-            try:
-                arrays = parameters_to_ndarrays(res.parameters)
-            except Exception:  # noqa: BLE001 - the base rejects and logs it
-                stripped.append((proxy, res))
+    def aggregate(self, server_round: int, updates: Updates) -> list[np.ndarray]:
+        """Add each upload's shared features to the global shared dataset (checked; once per client), then
+        FedAvg on the model sections."""
+        for pid, upload in updates.items():
+            features, labels = upload.sections["shared_features"], upload.sections["shared_labels"]
+            if len(features) != 1 or len(labels) != 1:
+                log(WARNING, "round %d: shared features of client %s dropped: %d feature and %d label arrays "
+                    "instead of 1 and 1", server_round, pid, len(features), len(labels))
                 continue
-            if len(arrays) != n + 2:  # the base rejects a wrong array count
-                stripped.append((proxy, res))
+            xs, ys = np.asarray(features[0]), np.asarray(labels[0])
+            if not len(ys):
                 continue
-            pid = self.partition_of.get(proxy.cid, "?")
-            xs, ys = arrays[n:]
-            if len(ys) and isinstance(pid, int):
-                problem = shared_problem(xs, ys, self.federation.input_shape, self.federation.num_classes,
-                                         2 * len(self.federation.partition.train[pid]))
-                if problem:
-                    log(WARNING, "round %d: shared features of client %s dropped: %s", server_round, pid, problem)
-                elif pid not in self.sharers:
-                    self.shared_x = np.concatenate([self.shared_x, xs.astype(np.float32)])
-                    self.shared_y = np.concatenate([self.shared_y, ys.astype(np.float32)])
-                    self.sharers.add(pid)
-            model = ndarrays_to_parameters(arrays[:n])
-            shared_bytes += parameters_nbytes(res.parameters) - parameters_nbytes(model)
-            stripped.append((proxy, FitRes(res.status, model, res.num_examples, res.metrics)))
-        out = super().aggregate_fit(server_round, stripped, failures)
-        self._round["bytes_up"] += shared_bytes
+            problem = shared_problem(xs, ys, self.federation.input_shape, self.federation.num_classes,
+                                     2 * len(self.federation.partition.train[pid]))
+            if problem:
+                log(WARNING, "round %d: shared features of client %s dropped: %s", server_round, pid, problem)
+            elif pid not in self.sharers:
+                self.shared_x = np.concatenate([self.shared_x, xs.astype(np.float32)])
+                self.shared_y = np.concatenate([self.shared_y, ys.astype(np.float32)])
+                self.sharers.add(pid)
         self._round.setdefault("extras", {})["fedfed_shared_samples"] = int(len(self.shared_y))
-        return out
+        return super().aggregate(server_round, updates)
+
+    def upload_section_shapes(self) -> dict[str, list[tuple[int, ...]]]:
+        """The model's shapes; the shared features' vary (checked in :meth:`aggregate`), their section has
+        one array each."""
+        return {MODEL_SECTION: self.upload_shapes}
 
     def extra_state(self) -> dict[str, Any]:  # checkpoint
         return {"fedfed_shared_x": self.shared_x, "fedfed_shared_y": self.shared_y,

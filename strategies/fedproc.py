@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedpers.algorithms import fedproc
 from fedpers.algorithms.fedproc import fedproc_global_prototypes
 from fedpers.models import set_arrays
 from strategies.base import Updates
-from strategies.scaffold import ServerStateStrategy
+from strategies.server_state import ServerStateStrategy
 
 
 class FedProcStrategy(ServerStateStrategy):
     """FedProc: global class prototypes next to the model."""
+
+    broadcast_sections = fedproc.BROADCAST
+    upload_sections = fedproc.UPLOAD
 
     def _dims(self) -> tuple[int, int]:
         return self.federation.num_classes, int(self.model.head.in_features)
@@ -28,18 +32,18 @@ class FedProcStrategy(ServerStateStrategy):
         c, f = self._dims()
         return [np.zeros((c, f), np.float32), np.zeros(c, np.float32)]
 
-    def extra_upload_shapes(self) -> list[tuple[int, ...]]:
+    def extra_upload_shapes(self) -> dict[str, list[tuple[int, ...]]]:
         """Local prototypes (C x F) and class counts (C,)."""
         c, f = self._dims()
-        return [(c, f), (c,)]
+        return {"class_prototypes": [(c, f)], "class_counts": [(c,)]}
 
     def aggregate(self, server_round: int, updates: Updates):
         """Model average; count-weighted prototype average."""
-        models, protos = self.split(updates)
         previous, available = self.server_state
-        prototypes, seen = fedproc_global_prototypes([(a[0], a[1]) for a, _ in protos], previous)
+        local = [(u.sections["class_prototypes"][0], u.sections["class_counts"][0]) for u in updates.values()]
+        prototypes, seen = fedproc_global_prototypes(local, previous)
         self.server_state = [prototypes, np.maximum(available, seen)]
-        return self.aggregate_model(models)
+        return self.aggregate_model(self.model_updates(updates))
 
     def apply_aggregate(self, server_round: int, aggregated: list[np.ndarray]) -> None:
         """Install the averaged model."""

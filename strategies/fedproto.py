@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from fedpers.algorithms import fedproto
 from fedpers.algorithms.prototypes import aggregate_prototypes
 from strategies.base import FedPersStrategy, Updates
 
@@ -23,8 +24,10 @@ from strategies.base import FedPersStrategy, Updates
 class FedProtoStrategy(FedPersStrategy):
     """Prototype exchange: uploads (prototypes, counts), broadcasts (global prototypes, mask)."""
 
-    download_part = "all"  # unused: download_arrays is overridden
-    upload_part = "all"  # unused: upload_shapes is overridden
+    download_part = "all"  # unused: the broadcast is the prototypes (broadcast_content)
+    upload_part = "all"  # unused: uploads are prototypes (upload_section_shapes)
+    broadcast_sections = fedproto.BROADCAST
+    upload_sections = fedproto.UPLOAD
     has_global_model = False
 
     def prepare_global_model(self) -> None:
@@ -32,18 +35,23 @@ class FedProtoStrategy(FedPersStrategy):
         c, d = self.federation.num_classes, int(self.model.head.in_features)
         self.prototypes = np.zeros((c, d), np.float32)
         self.available = np.zeros(c, np.float32)
-        self.upload_shapes = [(c, d), (c,)]
+
+    def upload_section_shapes(self) -> dict[str, list[tuple[int, ...]]]:
+        """A client's C x d prototypes and C class counts."""
+        c, d = self.prototypes.shape
+        return {"class_prototypes": [(c, d)], "class_counts": [(c,)]}
 
     def aggregate(self, server_round: int, updates: Updates) -> list[np.ndarray]:
         """Eq. 6: count-weighted per-class mean of the uploaded prototypes. A client's class counts are
         bounded by its (validated) sample count: counts summing to more are scaled down (ours), so that
         no client can outweigh the others by inflating its counts."""
         local = []
-        for arrays, n in updates.values():
-            counts = np.clip(np.asarray(arrays[1], dtype=np.float64), 0.0, None)
+        for upload in updates.values():
+            n = upload.num_examples
+            counts = np.clip(np.asarray(upload.sections["class_counts"][0], dtype=np.float64), 0.0, None)
             if counts.sum() > n:
                 counts = counts * (n / counts.sum())
-            local.append((arrays[0], counts))
+            local.append((upload.sections["class_prototypes"][0], counts))
         protos, mask = aggregate_prototypes(local)
         return [protos, mask]
 
@@ -51,9 +59,9 @@ class FedProtoStrategy(FedPersStrategy):
         """Keep the new global prototypes (the server has no model to update)."""
         self.prototypes, self.available = aggregated
 
-    def download_arrays(self) -> list[np.ndarray]:
+    def broadcast_content(self) -> dict[str, list[np.ndarray]]:
         """Global prototypes and their availability mask."""
-        return [self.prototypes.copy(), self.available.copy()]
+        return {"global_prototypes": [self.prototypes.copy()], "prototype_mask": [self.available.copy()]}
 
     def extra_state(self) -> dict[str, Any]:  # checkpoint
         return {"fedproto_prototypes": self.prototypes, "fedproto_available": self.available}

@@ -32,14 +32,15 @@ from flwr.common import FitIns, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.common import log
 
 from fedpers.errors import FedpersError
-from fedpers.algorithms.jdfl import (adjusted_rand_index, centroid_similarity_weights, class_only_predictions,
-                                     default_alpha, discover_domains, graded_domain_row, hard_domain_row,
-                                     marginal_class_log_probs, per_domain_accuracy)
+from fedpers.algorithms.jdfl import (DISCOVERY_BROADCAST, DISCOVERY_UPLOAD, adjusted_rand_index,
+                                     centroid_similarity_weights, class_only_predictions, default_alpha,
+                                     discover_domains, graded_domain_row, hard_domain_row, marginal_class_log_probs,
+                                     per_domain_accuracy)
 from fedpers import seeds
 from fedpers.models import expand_head, get_arrays, layer_subset_names
 from fedpers.training import predict_logits
 from fedpers.validation import update_problem
-from fedpers.wire import JDFL_ROW, float_row, round_config
+from fedpers.wire import JDFL_ROW, MODEL_SECTION, float_row, join_sections, round_config, split_sections
 from strategies.base import parameters_nbytes
 
 
@@ -64,8 +65,9 @@ class JDFLStrategyMixin:
         names = layer_subset_names(self.model, cfg.jdfl_layers)
         state = self.model.state_dict()
         shapes = [tuple(state[n].shape) for n in names]
-        params = ndarrays_to_parameters(get_arrays(self.model, "all"))
-        ins = FitIns(params, round_config(0, jdfl_phase="discovery"))
+        arrays, counts = join_sections({MODEL_SECTION: get_arrays(self.model, "all")}, DISCOVERY_BROADCAST)
+        params = ndarrays_to_parameters(arrays)
+        ins = FitIns(params, round_config(0, jdfl_phase="discovery", **counts))
         timeout = cfg.round_timeout or None
         with ThreadPoolExecutor(max_workers=min(16, max(1, len(proxies)))) as pool:
             futures = {pid: pool.submit(proxy.fit, ins, timeout=timeout, group_id=server_round)
@@ -76,7 +78,8 @@ class JDFLStrategyMixin:
             try:
                 res = future.result()
                 nbytes += parameters_nbytes(res.parameters)
-                arrays = parameters_to_ndarrays(res.parameters)
+                arrays = split_sections(parameters_to_ndarrays(res.parameters), res.metrics,
+                                        DISCOVERY_UPLOAD)["discovery_update"]
                 problem = update_problem(arrays, shapes, res.num_examples, self._max_samples(pid))
             except Exception as exc:  # a client lost during discovery
                 problem = f"{type(exc).__name__}: {exc}"

@@ -25,6 +25,7 @@ import numpy as np
 from fedpers.algorithms.pfedsim import classifier_similarity, pfedsim_weights, warmup_rounds
 from fedpers.models import get_arrays, parameter_names, set_arrays
 from fedpers.validation import weighted_average
+from fedpers.wire import MODEL_SECTION
 from strategies.base import FedPersStrategy, Updates
 
 
@@ -59,15 +60,15 @@ class PFedSimStrategy(FedPersStrategy):
             return pairs
         if self.frozen is None:
             self.frozen = get_arrays(self.model, "all")
-        return self.per_client_fit(pairs, self.personalized_arrays)
+        return self.per_client_fit(pairs, lambda pid: {MODEL_SECTION: self.personalized_arrays(pid)})
 
     def aggregate(self, server_round: int, updates: Updates) -> list[np.ndarray]:
         """Warm-up: FedAvg. Personalization: store the uploads, update S, keep the frozen global model."""
         if server_round <= self.warmup:
             return super().aggregate(server_round, updates)
         pids = list(updates)
-        for pid, (arrays, _) in updates.items():
-            self.client_models[int(pid)] = [np.asarray(a) for a in arrays]
+        for pid, upload in updates.items():
+            self.client_models[int(pid)] = [np.asarray(a) for a in upload.model]
         h = self.head_weight_index
         for a, i in enumerate(pids):
             for j in pids[a + 1:]:

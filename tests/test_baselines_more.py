@@ -20,12 +20,13 @@ from fedpers.algorithms.fedfed import FeatureDistiller, fedfed_distill_loss, sen
 from fedpers.algorithms.fedproto import fedproto_loss, nearest_prototype
 from fedpers.algorithms.pfedsim import classifier_similarity, pfedsim_weights, warmup_rounds
 from fedpers.algorithms.prototypes import aggregate_prototypes, class_prototypes
-from fedpers.config import KEYS, build_config
+from fedpers.config import all_keys, build_config
 from fedpers.errors import ConfigError
 from fedpers.federation import get_federation
-from fedpers.models import get_arrays, parameter_names
+from fedpers.models import array_shapes, get_arrays, parameter_names
 from fedpers.registry import METHODS
-from strategies.base import FedPersStrategy, parameters_nbytes
+from fedpers.wire import join_sections
+from strategies.base import FedPersStrategy, Upload, parameters_nbytes
 from tests.conftest import TinyNet, arrays_equal, tiny_overrides, toy_data
 
 METHODS_MORE = ("fedproto", "pfedsim", "fedas", "fedfed")
@@ -51,8 +52,8 @@ class FakeProxy:
         self.cid = cid
 
 
-def fit_res(arrays, n):
-    return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n, {})
+def fit_res(arrays, n, metrics=None):
+    return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n, dict(metrics or {}))
 
 
 # --- FedProto -----------------------------------------------------------------------------------------
@@ -99,12 +100,14 @@ def test_fedproto_loss_is_ce_plus_lambda_mse_to_the_class_prototype():
 
 def test_fedproto_server_bounds_inflated_class_counts():
     strategy = make_strategy(tiny_cfg("fedproto"))
-    c, d = strategy.upload_shapes[0]
+    [(c, d)] = strategy.upload_section_shapes()["class_prototypes"]
     honest = [np.zeros((c, d), np.float32), np.zeros(c, np.float32)]
     honest[1][0] = 10
     liar = [np.ones((c, d), np.float32), np.zeros(c, np.float32)]
     liar[1][0] = 1e6  # claims a million class-0 samples but reports 10 examples
-    protos, _ = strategy.aggregate(1, {0: (honest, 10), 1: (liar, 10)})
+    uploads = {pid: Upload([], 10, {"class_prototypes": [p], "class_counts": [k]})
+               for pid, (p, k) in enumerate([honest, liar])}
+    protos, _ = strategy.aggregate(1, uploads)
     np.testing.assert_allclose(protos[0], 0.5)  # both weigh 10
 
 
@@ -117,10 +120,13 @@ def test_fedproto_round_trip_uploads_prototypes_and_keeps_the_model():
     contexts = [make_context(p, cfg.num_clients) for p in range(2)]
     ups = []
     for pid, ctx in enumerate(contexts):
-        up, n, m = FedProtoClient(cfg, ctx).fit(down, {"server_round": 1})
+        up, n, m = FedProtoClient(cfg, ctx).fit(down, strategy.message_config(1))
         assert [a.shape for a in up] == [(c, d), (c,)] and up[1].sum() == n  # counts = class histogram
+        assert m["arrays:class_prototypes"] == m["arrays:class_counts"] == 1 and "arrays:model" not in m
         ups.append((up, n))
-    strategy.apply_aggregate(1, strategy.aggregate(1, dict(enumerate(ups))))
+    uploads = {pid: Upload([], n, {"class_prototypes": [up[0]], "class_counts": [up[1]]})
+               for pid, (up, n) in enumerate(ups)}
+    strategy.apply_aggregate(1, strategy.aggregate(1, uploads))
     protos, mask = strategy.download_arrays()
     expected, _ = aggregate_prototypes([(u[0], u[1]) for u, _ in ups])
     np.testing.assert_allclose(protos, expected)
@@ -128,7 +134,7 @@ def test_fedproto_round_trip_uploads_prototypes_and_keeps_the_model():
     # the model never leaves the client; it survives an evaluation with new prototypes
     saved = contexts[0].state["fedpers.personal"].to_numpy_ndarrays()
     client = FedProtoClient(cfg, contexts[0])
-    _, _, em = client.evaluate([protos, mask], {"server_round": 1})
+    _, _, em = client.evaluate([protos, mask], strategy.message_config(1))
     assert arrays_equal(get_arrays(client.model, "all"), saved)
     assert {"acc", "acc_local", "acc_head"} <= set(em) and 0 <= em["acc"] <= 1
     assert strategy.has_global_model is False
@@ -163,7 +169,7 @@ def test_pfedsim_server_sends_each_client_its_own_similarity_weighted_model():
     h = strategy.head_weight_index
     models[1][h] = models[0][h].copy()
     models[2][h] = -models[0][h]
-    strategy.aggregate(3, {p: (models[p], 10) for p in range(3)})  # keyed by the client that sent it
+    strategy.aggregate(3, {p: Upload(models[p], 10, {}) for p in range(3)})  # keyed by the client that sent it
     assert strategy.similarity[0, 1] == pytest.approx(1.0, abs=1e-6) and strategy.similarity[0, 2] == 0.0
     got = strategy.personalized_arrays(0)
     w = pfedsim_weights(strategy.similarity[0], 0)
@@ -175,11 +181,11 @@ def test_pfedsim_server_sends_each_client_its_own_similarity_weighted_model():
     pairs = [(FakeProxy("a"), FitIns(ndarrays_to_parameters(strategy.frozen), {"server_round": 4})),
              (FakeProxy("b"), FitIns(ndarrays_to_parameters(strategy.frozen), {"server_round": 4}))]
 
-    out = strategy.per_client_fit(pairs, strategy.personalized_arrays)
+    out = strategy.per_client_fit(pairs, lambda pid: {"model": strategy.personalized_arrays(pid)})
     sent = [parameters_to_ndarrays(ins.parameters) for _, ins in out]
     assert arrays_equal(sent[1], models[2]) and not arrays_equal(sent[0], sent[1])
     assert strategy._round["bytes_down"] == sum(parameters_nbytes(ins.parameters) for _, ins in out)
-    assert all(ins.config == {"server_round": 4} for _, ins in out)
+    assert all(ins.config == {"server_round": 4, "arrays:model": len(models[2])} for _, ins in out)  # own counts
 
 
 def test_pfedsim_client_keeps_its_classifier_in_the_personalization_phase():
@@ -242,12 +248,12 @@ def test_fisher_trace_and_weights():
 def test_fedas_server_weights_extractors_by_fisher_trace():
     cfg = tiny_cfg("fedas")
     strategy = make_strategy(cfg)
-    shapes = strategy.upload_shapes
-    assert shapes[-1] == (1,) and len(shapes) == len(parameter_names(strategy.model, "backbone")) + 1
-    a = [np.zeros(s, np.float32) for s in shapes[:-1]]
-    b = [np.ones(s, np.float32) for s in shapes[:-1]]
-    out = strategy.aggregate(1, {0: (a + [np.array([1.0], np.float32)], 100),
-                                1: (b + [np.array([3.0], np.float32)], 1)})
+    shapes = strategy.upload_section_shapes()
+    assert shapes["fisher_trace"] == [(1,)] and shapes["model"] == array_shapes(strategy.model, "backbone")
+    a = [np.zeros(s, np.float32) for s in shapes["model"]]
+    b = [np.ones(s, np.float32) for s in shapes["model"]]
+    out = strategy.aggregate(1, {0: Upload(a, 100, {"fisher_trace": [np.array([1.0], np.float32)]}),
+                                1: Upload(b, 1, {"fisher_trace": [np.array([3.0], np.float32)]})})
     np.testing.assert_allclose(out[0], 0.75)  # Fisher weights 1/4, 3/4 regardless of sample counts
 
 
@@ -316,7 +322,7 @@ def test_fedfed_shares_once_and_clients_train_on_shared_features():
     strategy = make_strategy(cfg)
     params = strategy.download_arrays()
     ctx0, ctx1 = make_context(0, cfg.num_clients), make_context(1, cfg.num_clients)
-    up, n, m = FedFedClient(cfg, ctx0).fit(params, {"server_round": 1})
+    up, n, m = FedFedClient(cfg, ctx0).fit(params, strategy.message_config(1))
     xs, ys = up[-2:]
     assert len(xs) == 2 * n and m["shared_samples_sent"] == 2 * n  # two noise levels
     assert "fedpers." + DISTILLER_STATE in ctx0.state and "fedpers." + SHARED_FLAG in ctx0.state
@@ -327,25 +333,26 @@ def test_fedfed_shares_once_and_clients_train_on_shared_features():
     # server: shared features go into the global dataset, the model is averaged as FedAvg
     strategy.start_round()
     strategy.partition_of = {"a": 0}
-    strategy.aggregate_fit(1, [(FakeProxy("a"), fit_res(up, n))], [])
+    strategy.aggregate_fit(1, [(FakeProxy("a"), fit_res(up, n, m))], [])
     assert len(strategy.shared_y) == 2 * n and strategy.sharers == {0}
     assert strategy._round["bytes_up"] == parameters_nbytes(ndarrays_to_parameters(up))
     # a client never sampled during distillation never shares; client 0 never shares twice
-    _, _, m1 = FedFedClient(cfg, ctx1).fit(params, {"server_round": 2})
+    _, _, m1 = FedFedClient(cfg, ctx1).fit(params, strategy.message_config(2))
     assert m1["shared_samples_sent"] == 0
-    draw = strategy.draw(1, 2)
+    draw, draw_counts = join_sections(strategy.draw(1, 2), strategy.broadcast_sections)
+    draw_config = {**strategy.message_config(2), **draw_counts}
     assert len(draw[-1]) == min(2 * n, len(get_federation(cfg).partition.train[1]))
     client = FedFedClient(cfg, ctx1)
     client._round = 2
-    client.prepare(draw)
+    client.receive(draw, draw_config)
     x_all, y_all = client.training_set()
     assert len(x_all) == len(client.data.train) + len(draw[-1])  # local + shared samples
-    _, _, m2 = FedFedClient(cfg, ctx0).fit(draw, {"server_round": 2})
+    _, _, m2 = FedFedClient(cfg, ctx0).fit(draw, draw_config)
     assert m2["shared_samples_used"] == len(draw[-1]) and m2["shared_samples_sent"] == 0
     # training on the shared samples changes the result
-    _, _, _ = FedFedClient(cfg, make_context(2, cfg.num_clients)).fit(params, {"server_round": 2})
-    a, _, _ = FedFedClient(cfg, make_context(2, cfg.num_clients)).fit(draw, {"server_round": 2})
-    b, _, _ = FedFedClient(cfg, make_context(2, cfg.num_clients)).fit(params, {"server_round": 2})
+    _, _, _ = FedFedClient(cfg, make_context(2, cfg.num_clients)).fit(params, strategy.message_config(2))
+    a, _, _ = FedFedClient(cfg, make_context(2, cfg.num_clients)).fit(draw, draw_config)
+    b, _, _ = FedFedClient(cfg, make_context(2, cfg.num_clients)).fit(params, strategy.message_config(2))
     assert not arrays_equal(a[:-2], b[:-2])
 
 
@@ -356,7 +363,8 @@ def test_fedfed_server_drops_malformed_shared_features():
     bad_labels = [np.zeros((4, 1, 8, 8), np.float32), np.array([0, 1, 99, 2], np.float32)]
     strategy.start_round()
     strategy.partition_of = {"a": 0}
-    strategy.aggregate_fit(1, [(FakeProxy("a"), fit_res(model + bad_labels, 10))], [])
+    counts = {"arrays:model": len(model), "arrays:shared_features": 1, "arrays:shared_labels": 1}
+    strategy.aggregate_fit(1, [(FakeProxy("a"), fit_res(model + bad_labels, 10, counts))], [])
     assert len(strategy.shared_y) == 0 and strategy._round["rejected"] == 0  # model still aggregated
 
 
@@ -368,12 +376,12 @@ def test_state_survives_unsampled_rounds(method):
     params = strategy.download_arrays()
     cls = METHODS[method].client_class()
     context = make_context(1, cfg.num_clients)
-    _, _, fit_metrics = cls(cfg, context).fit(params, {"server_round": 2})
+    _, _, fit_metrics = cls(cfg, context).fit(params, strategy.message_config(2))
     saved = {k: v.to_numpy_ndarrays() for k, v in context.state.array_records.items()}
     assert saved
     for r in (3, 4):  # not sampled: evaluated only, against a changed broadcast
         changed = [a + 0.01 * r if a.size and a.ndim > 1 else a for a in params]
-        _, _, em = cls(cfg, context).evaluate(changed, {"server_round": r})
+        _, _, em = cls(cfg, context).evaluate(changed, strategy.message_config(r))
         if "state_digest" in fit_metrics:
             assert em["state_digest"] == fit_metrics["state_digest"]
     assert {k: v.to_numpy_ndarrays() for k, v in context.state.array_records.items()}.keys() == saved.keys()
@@ -391,7 +399,7 @@ def test_registry_entries():
 
 
 def test_keys_are_prefixed_with_defaults():
-    keys = {k.name: k.default for k in KEYS if k.name.split("_", 1)[0] in METHODS_MORE}
+    keys = {k.name: k.default for k in all_keys() if k.name.split("_", 1)[0] in METHODS_MORE}
     assert keys["fedproto_lambda"] == 1.0 and keys["fedproto_infer"] == "global"
     assert keys["pfedsim_warmup"] == 0.5
     assert (keys["fedas_align_lr"], keys["fedas_align_epochs"], keys["fedas_align_batch"]) == (0.01, 1, 16)

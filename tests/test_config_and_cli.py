@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedpers.config import KEYS, KEYS_BY_NAME, build_config, load_config, parse_set_arguments
+from fedpers.config import all_keys, build_config, full_schema, load_config, parse_set_arguments
 from fedpers.data import load_dataset, load_npz
 from fedpers.errors import ConfigError, DataError
 from tests.conftest import ROOT
@@ -18,7 +18,7 @@ from tests.conftest import ROOT
 def test_pyproject_run_config_is_the_quickstart_over_schema_defaults():
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     flower = pyproject["tool"]["flwr"]["app"]["config"]
-    assert set(flower) == {k.name for k in KEYS}
+    assert set(flower) == {k.name for k in all_keys()}
     assert flower == load_config(ROOT / "configs" / "quickstart.yaml").to_dict()
 
 
@@ -58,7 +58,7 @@ def test_bad_config_values_name_the_key(overrides, message):
 
 
 @settings(max_examples=60, deadline=None)
-@given(key=st.sampled_from([k.name for k in KEYS]),
+@given(key=st.sampled_from([k.name for k in all_keys()]),
        value=st.one_of(st.integers(-5, 5), st.floats(allow_nan=True), st.text(max_size=8), st.booleans()))
 def test_any_value_is_accepted_or_rejected_with_a_config_error(key, value):
     try:
@@ -66,7 +66,7 @@ def test_any_value_is_accepted_or_rejected_with_a_config_error(key, value):
     except ConfigError as exc:
         assert key in str(exc) or "aux_size" in str(exc)
     else:
-        assert isinstance(cfg[key], KEYS_BY_NAME[key].type)
+        assert isinstance(cfg[key], full_schema().by_name[key].type)
 
 
 def test_malformed_yaml_is_a_config_error(tmp_path):
@@ -147,3 +147,50 @@ def test_choice_values_that_yaml_1_1_reads_as_booleans_stay_strings(tmp_path):
     assert cfg.fedeagd_fusion == "off" and cfg.fedeagd_teacher is False
     with pytest.raises(ConfigError, match="config key 'fedeagd_teacher': expected bool"):
         load_config(None, ["fedeagd_teacher=maybe"])
+
+
+# pFedKDH's keys keep the unprefixed names of its paper's notation (T, lambda_KD, E_w, ...) that configs,
+# studies and committed results use; every other method's and extension's keys carry its name.
+PFEDKDH_PAPER_NAMES = {"variant", "temperature", "lambda_kd", "recal_epochs", "recal_every_round", "recal_lr",
+                       "warmup_epochs", "ea_steps", "ea_lr"}
+
+
+def test_each_method_declares_its_own_prefixed_keys_and_the_core_none_of_theirs():
+    from fedpers.registry import EXTENSIONS, METHODS
+
+    schema = full_schema()
+    owners = [owner for owner, _ in schema.sections]
+    assert owners[0] == "core" and set(owners[1:]) <= set(METHODS) | {e.name for e in EXTENSIONS}
+    assert "fedeagd" in owners and "jdfl" in owners and "pfedkdh" in owners
+    for owner, keys in schema.sections[1:]:
+        assert keys, owner
+        for key in keys:
+            if owner == "pfedkdh":
+                assert key.name in PFEDKDH_PAPER_NAMES, key.name
+            else:
+                assert key.name == owner or key.name.startswith(owner + "_"), (owner, key.name)
+    method_prefixes = tuple(f"{name}_" for name in owners[1:])
+    assert not [k.name for k in schema.sections[0][1] if k.name.startswith(method_prefixes)]
+    assert schema.owner_of["fedeagd_ema_decay"] == "fedeagd" and schema.owner_of["alpha"] == "core"
+
+
+def test_a_key_declared_by_two_sections_is_refused_naming_both():
+    from fedpers.schema import CORE_KEYS, Key, Schema
+
+    with pytest.raises(ValueError, match="'alpha' is declared by both 'core' and 'fedfoo'"):
+        Schema((("core", CORE_KEYS), ("fedfoo", (Key("alpha", float, 1.0, "clash"),))))
+
+
+def test_experiment_fingerprints_are_unchanged_by_where_keys_are_declared():
+    # Checkpoints and client state on disk are matched by this fingerprint: values recorded before the
+    # methods' keys moved out of fedpers/schema.py into fedpers/algorithms/<method>.py.
+    from fedpers.state_store import config_fingerprint
+
+    recorded = {
+        (): "44136fa355b3678a",
+        (("method", "fedeagd"), ("alpha", 0.1), ("rounds", 100)): "3bc9c2b24a81e0c9",
+        (("method", "pfedkdh"), ("variant", "ea"), ("temperature", 2.0)): "42c93ef265579807",
+        (("method", "fedavg"), ("jdfl", "graded"), ("aux_size", 0), ("jdfl_tau", 0.2)): "3ad67ec382a7526c",
+    }
+    for overrides, fingerprint in recorded.items():
+        assert config_fingerprint(build_config(dict(overrides))) == fingerprint, overrides

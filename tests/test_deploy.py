@@ -154,7 +154,7 @@ def test_checkpoint_round_trip(tmp_path):
 
     resumed_cfg = cfg.replace(rounds=5, resume=True, out_dir=str(tmp_path / "b"))
     resumed = cls(resumed_cfg, fed, ResultsWriter(resumed_cfg.out_dir))
-    state = load_checkpoint(cfg.checkpoint_dir, resumed_cfg.to_dict())
+    state = load_checkpoint(cfg.checkpoint_dir, resumed_cfg)
     assert state["round"] == 1
     resumed.load_state_dict(state)
     for a, b in zip(strategy.model.state_dict().values(), resumed.model.state_dict().values()):
@@ -163,7 +163,7 @@ def test_checkpoint_round_trip(tmp_path):
     assert resumed.last_fit_digest == {0: "d0"}
     assert read_metrics(resumed_cfg.out_dir) == [record]  # metrics.jsonl continues after the done rounds
     with pytest.raises(FedpersError, match="different experiment.*alpha"):
-        load_checkpoint(cfg.checkpoint_dir, cfg.replace(alpha=0.3).to_dict())
+        load_checkpoint(cfg.checkpoint_dir, cfg.replace(alpha=0.3))
     with pytest.raises(FedpersError, match="no checkpoint"):
         load_checkpoint(tmp_path / "nowhere")
 
@@ -337,7 +337,7 @@ def test_deployed_run_finishes_and_heads_persist(clean_run):
         assert set(r["per_client_acc"]) == {"0", "1", "2"} and r["failed_clients"] == 0
         assert r["client_state_consistent"] is True and r["round_seconds"] > 0
     assert summary["final"]["personalized_macro_acc"] is not None
-    ckpt = load_checkpoint(cfg.checkpoint_dir, cfg.to_dict())
+    ckpt = load_checkpoint(cfg.checkpoint_dir, cfg)
     assert ckpt["round"] == 2
     for pid in range(3):  # every SuperNode's private head is on disk and is the one it last trained
         head = ClientStateStore(cfg.client_state_dir, pid, config_fingerprint(cfg)).load("personal")

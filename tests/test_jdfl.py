@@ -19,7 +19,7 @@ from fedpers.errors import ConfigError, DataError
 from fedpers.federation import get_federation
 from fedpers.models import array_shapes, build_model, layer_subset_names
 from fedpers.registry import JDFL_BASES, client_class_for, strategy_class_for
-from fedpers.wire import float_row, round_config
+from fedpers.wire import float_row
 from tests.conftest import tiny_overrides
 
 C = 3
@@ -242,14 +242,16 @@ def test_discovery_round_expands_head_and_optimizer_state():
     assert adjusted_rand_index(fed.client_domains(), found.assignments) == pytest.approx(1.0)
     strategy.install_discovery(found.num_domains, dict(enumerate(found.assignments)), found.centroids)
     assert strategy.model.head.out_features == 2 * 10 and strategy.jdfl_info["ari"] == pytest.approx(1.0)
-    assert strategy.upload_shapes == 2 * array_shapes(strategy.model, "all")  # model + Delta c, expanded
+    expanded = array_shapes(strategy.model, "all")
+    assert strategy.upload_section_shapes() == {"model": expanded, "control_delta": expanded}  # model + Delta c
     assert strategy.server_state[-2].shape == (20, 32)  # c follows the expanded head
     z0 = found.assignments[0]
     assert strategy.client_rows[0][z0] == pytest.approx(0.55) and strategy.client_rows[0].sum() == pytest.approx(1)
     params = strategy.download_arrays()
-    up, _, _ = client_cls(cfg, ctxs[0]).fit(params, round_config(1, jdfl_m=2, jdfl_row=float_row(strategy.client_rows[0])))
-    assert [a.shape for a in up] == strategy.upload_shapes
-    _, _, metrics = client_cls(cfg, ctxs[1]).evaluate(params, {"server_round": 1})
+    up, _, _ = client_cls(cfg, ctxs[0]).fit(params, strategy.message_config(1, jdfl_m=2,
+                                                                             jdfl_row=float_row(strategy.client_rows[0])))
+    assert [a.shape for a in up] == 2 * expanded
+    _, _, metrics = client_cls(cfg, ctxs[1]).evaluate(params, strategy.message_config(1))
     assert 0.0 <= metrics["acc"] <= 1.0
 
 

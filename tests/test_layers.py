@@ -64,6 +64,23 @@ def test_strategy_and_client_declare_the_same_model_and_parts(name):
     assert strategy.model_kind == client.model_kind
     # what the server broadcasts is what the client loads, what the client uploads is what the server checks
     assert (strategy.download_part, strategy.upload_part) == (client.download_part, client.upload_part)
+    # and by the same named sections, in the same order
+    assert (strategy.broadcast_sections, strategy.upload_sections) == (client.broadcast_sections, client.upload_sections)
+
+
+def test_the_methods_with_extra_arrays_name_every_section():
+    sections = {name: (METHODS[name].strategy_class().broadcast_sections, METHODS[name].strategy_class().upload_sections)
+                for name in ("scaffold", "feddc", "fedproc", "fedproto", "fedas", "fedfed", "fedavg", "feddyn")}
+    assert sections == {
+        "scaffold": (("model", "server_control"), ("model", "control_delta")),
+        "feddc": (("model", "update_rate"), ("model", "update_rate_delta")),
+        "fedproc": (("model", "global_prototypes", "prototype_mask"), ("model", "class_prototypes", "class_counts")),
+        "fedproto": (("global_prototypes", "prototype_mask"), ("class_prototypes", "class_counts")),
+        "fedas": (("model",), ("model", "fisher_trace")),
+        "fedfed": (("model", "shared_features", "shared_labels"), ("model", "shared_features", "shared_labels")),
+        "fedavg": (("model",), ("model",)),
+        "feddyn": (("model",), ("model",)),  # h stays on the server
+    }
 
 
 def test_headline_metrics_and_models_of_the_methods():

@@ -19,6 +19,7 @@ from fedpers.algorithms.server_state import linear_term, local_steps
 from fedpers.config import build_config
 from fedpers.federation import get_federation
 from fedpers.models import get_arrays
+from strategies.base import Upload
 from strategies.feddyn import FedDynStrategy
 from strategies.scaffold import ScaffoldStrategy
 from tests.conftest import tiny_overrides
@@ -66,7 +67,8 @@ def test_scaffold_client_and_server_round_trip():
     n_model = len(get_arrays(strategy.model, "all"))
     assert len(params) == 2 * n_model and all(not a.any() for a in params[n_model:])  # c = 0
     ctx = context(0, cfg.num_clients)
-    up, n, _ = ScaffoldClient(cfg, ctx).fit(params, {"server_round": 1})
+    up, n, metrics = ScaffoldClient(cfg, ctx).fit(params, strategy.message_config(1))
+    assert metrics["arrays:model"] == metrics["arrays:control_delta"] == n_model  # named sections, counted
     y, dc = up[:n_model], up[n_model:]
     steps = local_steps(n, cfg.batch_size, cfg.local_epochs)
     expected = [(x - yy) / (steps * cfg.lr) for x, yy in zip(params[:n_model], y)]  # c = c_i = 0
@@ -76,7 +78,7 @@ def test_scaffold_client_and_server_round_trip():
     for a, b in zip(stored, expected):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
     # the server: x = mean y (eta_g = 1), c = |S|/N * mean dc
-    new_x = strategy.aggregate(1, {0: (up, n)})
+    new_x = strategy.aggregate(1, {0: Upload(y, n, {"control_delta": dc})})
     for a, b in zip(new_x, y):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     for a, b in zip(strategy.server_state, dc):
@@ -84,7 +86,7 @@ def test_scaffold_client_and_server_round_trip():
     # second participation: the stored c_i enters the correction
     strategy.apply_aggregate(1, new_x)
     c2 = ScaffoldClient(cfg, ctx)
-    c2.prepare(strategy.download_arrays())
+    c2.receive(strategy.download_arrays(), strategy.message_config(2))
     for corr, c, ci in zip(c2.correction, strategy.server_state, stored):
         np.testing.assert_allclose(corr.numpy(), c - ci, rtol=1e-5, atol=1e-6)
 
@@ -116,11 +118,11 @@ def test_feddyn_client_keeps_its_gradient_state():
     params = strategy.download_arrays()
     assert len(params) == len(get_arrays(strategy.model, "all"))  # h stays on the server
     ctx = context(1, cfg.num_clients)
-    up, n, _ = FedDynClient(cfg, ctx).fit(params, {"server_round": 1})
+    up, n, _ = FedDynClient(cfg, ctx).fit(params, strategy.message_config(1))
     state = ctx.state["fedpers.feddyn_grad"].to_numpy_ndarrays()
     for s, t, g in zip(state, up, params):
         np.testing.assert_allclose(s, -0.1 * (t - g), rtol=1e-4, atol=1e-7)
-    theta = strategy.aggregate(1, {0: (up, n)})
+    theta = strategy.aggregate(1, {0: Upload(up, n, {})})
     for a, t, h in zip(theta, up, strategy.h):
         np.testing.assert_allclose(a, t - h / 0.1, rtol=1e-4, atol=1e-6)
 
@@ -145,7 +147,7 @@ def test_feddc_client_uploads_corrected_model():
     n_model = len(get_arrays(strategy.model, "all"))
     ctx = context(0, cfg.num_clients)
     client = FedDCClient(cfg, ctx)
-    up, n, _ = client.fit(params, {"server_round": 1})
+    up, n, _ = client.fit(params, strategy.message_config(1))
     theta = get_arrays(client.model, "all")
     drift = ctx.state["fedpers.feddc_drift"].to_numpy_ndarrays()
     for d, t, w in zip(drift, theta, params[:n_model]):
@@ -200,9 +202,9 @@ def test_state_survives_a_round_without_participation(method):
     strategy = strategy_class_for(cfg)(cfg, get_federation(cfg))
     ctx = context(2, cfg.num_clients)
     cls = client_class_for(cfg)
-    cls(cfg, ctx).fit(strategy.download_arrays(), {"server_round": 1})
+    cls(cfg, ctx).fit(strategy.download_arrays(), strategy.message_config(1))
     before = {k: [a.copy() for a in v.to_numpy_ndarrays()] for k, v in ctx.state.array_records.items()}
-    cls(cfg, ctx).evaluate(strategy.download_arrays(), {"server_round": 2})  # evaluation changes no state
+    cls(cfg, ctx).evaluate(strategy.download_arrays(), strategy.message_config(2))  # evaluation changes no state
     after = {k: v.to_numpy_ndarrays() for k, v in ctx.state.array_records.items()}
     assert before.keys() == after.keys()
     for k in before:

@@ -11,6 +11,19 @@ import torch
 import torch.nn.functional as F
 
 from fedpers.losses import proximal_term
+from fedpers.schema import Key, non_negative
+
+
+# Ditto's own config keys: its section of the config table, which fedpers.config assembles
+# from the core keys and each registered method's KEYS (help texts say paper, code or ours).
+KEYS: tuple[Key, ...] = (
+    Key("ditto_lambda", float, 0.1,
+        "Ditto lambda of the personal objective F_k(v) + lambda/2 ||v - w^t||^2 (ours, from the paper's grid "
+        "0.05-2)", non_negative),
+    Key("ditto_personal_epochs", int, 0,
+        "Ditto epochs of the personal-model update per round (s of Alg. 1); 0 = local_epochs (ours)",
+        non_negative),
+)
 
 
 def personal_objective(logits: torch.Tensor, labels: torch.Tensor, params: Sequence[torch.Tensor],

@@ -13,6 +13,26 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedpers.training import EVAL_BATCH
+from fedpers.schema import Key, positive, at_least_one
+
+
+# FedALA's own config keys: its section of the config table, which fedpers.config assembles
+# from the core keys and each registered method's KEYS (help texts say paper, code or ours).
+KEYS: tuple[Key, ...] = (
+    Key("fedala_eta", float, 1.0, "FedALA learning rate eta of the ALA weights W (paper: 1.0)", positive),
+    Key("fedala_rand_percent", int, 80, "FedALA share s (%) of local train data used to learn W (paper: 80)",
+        lambda v: None if 1 <= v <= 100 else "must be in 1..100"),
+    Key("fedala_layer_idx", int, 2,
+        "FedALA top parameter tensors aggregated with W, as FedALA's code counts them (paper: 2 = the head)",
+        at_least_one),
+    Key("fedala_threshold", float, 0.01,
+        "FedALA start phase: learn W until the std of the last fedala_num_pre_loss losses is below this "
+        "(paper: 0.01; the authors' ALA module defaults to 0.1)", positive),
+    Key("fedala_num_pre_loss", int, 10, "FedALA start phase: losses in the convergence test (paper code: 10)",
+        at_least_one),
+    Key("fedala_max_start_epochs", int, 100, "FedALA start phase: at most this many epochs (ours; FedALA: no cap)",
+        at_least_one),
+)
 
 
 def ala_combine(local: Sequence[torch.Tensor], global_: Sequence[torch.Tensor],

@@ -14,6 +14,24 @@ from torch import nn
 
 from fedpers.algorithms.prototypes import class_prototypes
 from fedpers.training import EVAL_BATCH, minibatches, sgd
+from fedpers.schema import Key, positive, non_negative, at_least_one
+from fedpers.wire import MODEL_SECTION
+
+
+# What travels, by named section (fedpers.wire), declared once for the strategy and the client:
+# broadcast = the feature extractor; upload = the trained feature extractor and the trace of its Fisher
+# information (one (1,) array).
+BROADCAST: tuple[str, ...] = (MODEL_SECTION,)
+UPLOAD: tuple[str, ...] = (MODEL_SECTION, "fisher_trace")
+
+# FedAS's own config keys: its section of the config table, which fedpers.config assembles
+# from the core keys and each registered method's KEYS (help texts say paper, code or ours).
+KEYS: tuple[Key, ...] = (
+    Key("fedas_align_lr", float, 0.01, "FedAS parameter-alignment SGD learning rate (paper code: 0.01)", positive),
+    Key("fedas_align_epochs", int, 1, "FedAS parameter-alignment epochs (paper code: 1; 0 = no alignment)",
+        non_negative),
+    Key("fedas_align_batch", int, 16, "FedAS parameter-alignment batch size (paper code: 16)", at_least_one),
+)
 
 
 def fedas_alignment_loss(features: torch.Tensor, y: torch.Tensor, prototypes: torch.Tensor,

@@ -10,6 +10,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedpers.training import sgd, train_epochs
+from fedpers.schema import Key, non_negative
+
+
+# FedBABU's own config keys: its section of the config table, which fedpers.config assembles
+# from the core keys and each registered method's KEYS (help texts say paper, code or ours).
+KEYS: tuple[Key, ...] = (
+    Key("fedbabu_finetune_epochs", int, 5,
+        "FedBABU whole-model fine-tuning epochs on train data before each evaluation (paper: 5)", non_negative),
+)
 
 
 def fine_tune_copy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, lr: float,

@@ -3,7 +3,7 @@
 FedEAGD (per-sample drift-aware historical distillation with progressive gated residual fusion). We work
 from a paper summary (``shared/papers/fedeagd-summary.txt``) that states the rules in words but gives no
 equation numbers; each function quotes the rule it implements. Values the summary leaves out are config
-keys whose defaults are ours (see ``fedpers/schema.py``, section FedEAGD, and docs/methods.md).
+keys whose defaults are ours (:data:`KEYS` below, and docs/methods.md).
 
 * EMA teacher: ``theta_T <- beta theta_T + (1 - beta) theta_k`` (:func:`ema_update`).
 * Per-sample drift: ``d_i = 1 - cos(z_i, t_i)`` with ``z_i`` the current shared representation and ``t_i``
@@ -21,6 +21,35 @@ from typing import Literal, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from fedpers.schema import Key, non_negative, unit_interval, one_of
+
+
+# FedEAGD's own config keys: its section of the config table, which fedpers.config assembles
+# from the core keys and each registered method's KEYS (help texts say paper, code or ours).
+KEYS: tuple[Key, ...] = (
+    Key("fedeagd_ema_decay", float, 0.9,
+        "FedEAGD EMA-teacher decay beta per participation: T <- beta T + (1-beta) theta_k (ours)", unit_interval),
+    Key("fedeagd_kd_base", float, 0.5, "FedEAGD base distillation coefficient lambda_0 (ours)", non_negative),
+    Key("fedeagd_kd_max", float, 1.0,
+        "FedEAGD upper bound of the coefficient min(lambda_0 (1 + d), bound) (ours)", non_negative),
+    Key("fedeagd_kd_form", str, "cosine",
+        "FedEAGD per-sample historical distillation loss: cosine (1 - cos) | mse (ours: cosine)",
+        one_of("cosine", "mse")),
+    Key("fedeagd_fusion_start", int, 20, "FedEAGD round at which the residual gate starts to open (ours)",
+        non_negative),
+    Key("fedeagd_fusion_ramp", int, 20, "FedEAGD rounds over which the gate rises linearly to 1 (ours)",
+        non_negative),
+    Key("fedeagd_teacher", bool, True, "FedEAGD historical EMA teacher on (false = ablation: no teacher)"),
+    Key("fedeagd_kd_weighting", str, "adaptive",
+        "FedEAGD coefficient: adaptive (drift-based) | fixed (ablation, fedeagd_kd_fixed for every sample)",
+        one_of("adaptive", "fixed")),
+    Key("fedeagd_kd_fixed", float, 0.5, "FedEAGD coefficient of the fixed-weighting ablation (summary: 0.50)",
+        non_negative),
+    Key("fedeagd_fusion", str, "progressive",
+        "FedEAGD residual fusion: progressive | always (ablation: on from round 0) | off (ablation)",
+        one_of("progressive", "always", "off")),
+)
 
 DistillForm = Literal["cosine", "mse"]
 FusionMode = Literal["progressive", "always", "off"]

@@ -12,6 +12,33 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedpers.training import EVAL_BATCH
+from fedpers.schema import Key, positive, non_negative
+from fedpers.wire import MODEL_SECTION
+
+
+# What travels, by named section (fedpers.wire), declared once for the strategy and the client:
+# broadcast = the model and a draw of the global shared dataset (empty before the training phase); upload = the
+# model and the client's noisy shared features with their labels (empty but once).
+BROADCAST: tuple[str, ...] = (MODEL_SECTION, "shared_features", "shared_labels")
+UPLOAD: tuple[str, ...] = (MODEL_SECTION, "shared_features", "shared_labels")
+
+# FedFed's own config keys: its section of the config table, which fedpers.config assembles
+# from the core keys and each registered method's KEYS (help texts say paper, code or ours).
+KEYS: tuple[Key, ...] = (
+    Key("fedfed_distill_rounds", int, 15,
+        "FedFed feature-distillation rounds (code: 15), counted inside `rounds`, at most rounds - 1 (ours)",
+        non_negative),
+    Key("fedfed_vae_lr", float, 0.001, "FedFed distiller Adam learning rate (code: 1e-3)", positive),
+    Key("fedfed_noise_std1", float, 0.15, "FedFed std of the 1st Gaussian noise on shared features (code: 0.15)",
+        non_negative),
+    Key("fedfed_noise_std2", float, 0.25, "FedFed std of the 2nd Gaussian noise on shared features (code: 0.25)",
+        non_negative),
+    Key("fedfed_rec", float, 5.0, "FedFed weight of the distiller's reconstruction loss (code: 5.0)", non_negative),
+    Key("fedfed_kl", float, 0.005, "FedFed weight of the distiller's KL term (code: 0.005)", non_negative),
+    Key("fedfed_ce", float, 2.0, "FedFed weight of the CE on noisy sensitive features (code: 2.0)", non_negative),
+    Key("fedfed_x_ce", float, 0.4, "FedFed weight of the CE on raw inputs while distilling (code: 0.4)",
+        non_negative),
+)
 
 
 class FeatureDistiller(nn.Module):

@@ -8,6 +8,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedpers.schema import Key, non_negative, one_of
+
+
+# What travels, by named section (fedpers.wire), declared once for the strategy and the client:
+# broadcast = the global prototypes (C x d) and which classes have one (C,); no model; upload = the client's class
+# prototypes (C x d) and class counts (C,).
+BROADCAST: tuple[str, ...] = ("global_prototypes", "prototype_mask")
+UPLOAD: tuple[str, ...] = ("class_prototypes", "class_counts")
+
+# FedProto's own config keys: its section of the config table, which fedpers.config assembles
+# from the core keys and each registered method's KEYS (help texts say paper, code or ours).
+KEYS: tuple[Key, ...] = (
+    Key("fedproto_lambda", float, 1.0,
+        "FedProto weight lambda of the prototype term of Eq. 8 (paper code: ld = 1)", non_negative),
+    Key("fedproto_infer", str, "global",
+        "FedProto inference: nearest global prototype (paper code) | nearest local prototype | head "
+        "(the classifier); the other two are reported as extra metrics", one_of("global", "local", "head")),
+)
+
 
 def fedproto_loss(logits: torch.Tensor, features: torch.Tensor, y: torch.Tensor, prototypes: torch.Tensor,
                   available: torch.Tensor, lam: float) -> torch.Tensor:

@@ -18,6 +18,36 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedpers.schema import Key, positive, non_negative, at_least_one, unit_interval, one_of
+from fedpers.wire import MODEL_SECTION
+
+
+# What the discovery message (round 0) and its reply carry, by named section (fedpers.wire): theta^0 down,
+# the update of the jdfl_layers subset after E0 epochs up. Training rounds use the wrapped optimizer's.
+DISCOVERY_BROADCAST: tuple[str, ...] = (MODEL_SECTION,)
+DISCOVERY_UPLOAD: tuple[str, ...] = ("discovery_update",)
+
+# JDFL's own config keys: its section of the config table, which fedpers.config assembles
+# from the core keys and each registered method's KEYS (help texts say paper, code or ours).
+KEYS: tuple[Key, ...] = (
+    Key("jdfl", str, "off",
+        "JDFL on top of the method (fedavg, scaffold, feddyn, feddc, fedproc, moon): off | graded | random | "
+        "hard (ablation: expanded head, hard client-fixed joint labels)", one_of("off", "graded", "random", "hard")),
+    Key("jdfl_m", int, 0, "JDFL number of pseudo-domains M; 0 = chosen by jdfl_select", non_negative),
+    Key("jdfl_select", str, "elbow", "JDFL choice of M when jdfl_m = 0: elbow | silhouette (paper: elbow)",
+        one_of("elbow", "silhouette")),
+    Key("jdfl_max_m", int, 10, "JDFL cap on M when it is chosen (paper: e.g. 10)", at_least_one),
+    Key("jdfl_alpha", float, 0.0,
+        "JDFL graded main mass alpha; 0 = paper Sec. 5.5 (0.55 if M <= 5 else 0.45)", unit_interval),
+    Key("jdfl_tau", float, 0.1, "JDFL graded temperature tau of the centroid-cosine softmax (paper: 0.1)", positive),
+    Key("jdfl_phi", float, 1.0, "JDFL random: mass phi on the drawn joint unit j(d, c) (paper: 1.0)", unit_interval),
+    Key("jdfl_discovery_epochs", int, 3, "JDFL discovery local epochs E0 (paper: 3)", at_least_one),
+    Key("jdfl_discovery_batch", int, 0, "JDFL discovery batch size; 0 = batch_size", non_negative),
+    Key("jdfl_layers", str, "last_conv_head",
+        "JDFL discovery update-vector layers: head | last_conv_head (paper) | last_two_conv_head | all",
+        one_of("head", "last_conv_head", "last_two_conv_head", "all")),
+)
+
 # --- joint indexing ------------------------------------------------------------------------------------
 
 

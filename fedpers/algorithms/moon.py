@@ -6,6 +6,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from fedpers.schema import Key, positive, non_negative
+
+
+# MOON's own config keys: its section of the config table, which fedpers.config assembles
+# from the core keys and each registered method's KEYS (help texts say paper, code or ours).
+KEYS: tuple[Key, ...] = (
+    Key("moon_mu", float, 1.0, "MOON weight mu of the model-contrastive loss (paper: 1 or 5)", non_negative),
+    Key("moon_tau", float, 0.5, "MOON temperature tau (paper: 0.5)", positive),
+)
+
 
 def moon_contrastive_loss(z: torch.Tensor, z_global: torch.Tensor, z_prev: torch.Tensor, tau: float) -> torch.Tensor:
     """MOON Eq. (2): ``l_con = -log( exp(sim(z, z_glob)/tau) / (exp(sim(z, z_glob)/tau) + exp(sim(z, z_prev)/tau)) )``

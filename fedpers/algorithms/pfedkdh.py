@@ -9,6 +9,24 @@ import torch
 import torch.nn.functional as F
 
 from fedpers.losses import distillation_kl, proximal_term
+from fedpers.schema import Key, positive, non_negative, unit_interval, one_of
+
+
+# pFedKDH's own config keys: its section of the config table, which fedpers.config assembles
+# from the core keys and each registered method's KEYS (help texts say paper, code or ours).
+KEYS: tuple[Key, ...] = (
+    Key("variant", str, "fair", "pFedKDH evaluation variant: fair | ea", one_of("fair", "ea")),
+    Key("temperature", float, 3.0, "pFedKDH distillation temperature T (ours)", positive),
+    Key("lambda_kd", float, 0.5, "pFedKDH distillation weight lambda_KD (ours)", unit_interval),
+    Key("recal_epochs", int, 3, "pFedKDH teacher-head recalibration epochs on Ds (Eq. 5)", non_negative),
+    Key("recal_every_round", bool, True,
+        "pFedKDH: recalibrate the teacher head after every aggregation (Alg. 1 line 16); false keeps only "
+        "the initial calibration of line 5 (the Fig. 3 '+KD' ablation without recurrent recalibration)"),
+    Key("recal_lr", float, 0.015, "pFedKDH recalibration SGD learning rate (ours: = lr)", positive),
+    Key("warmup_epochs", int, 0, "pFedKDH global warm-up epochs E_w on Ds (Eq. 3)", non_negative),
+    Key("ea_steps", int, 10, "pFedKDH-EA head-only SGD steps at evaluation (ours)", non_negative),
+    Key("ea_lr", float, 0.015, "pFedKDH-EA head-adaptation learning rate (ours: = lr)", positive),
+)
 
 
 def pfedkdh_objective(student_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor, *,

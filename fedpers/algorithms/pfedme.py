@@ -12,6 +12,19 @@ from torch import nn
 
 from fedpers.algorithms.ditto import personal_objective
 from fedpers.training import sgd
+from fedpers.schema import Key, positive, at_least_one
+
+
+# pFedMe's own config keys: its section of the config table, which fedpers.config assembles
+# from the core keys and each registered method's KEYS (help texts say paper, code or ours).
+KEYS: tuple[Key, ...] = (
+    Key("pfedme_lambda", float, 15.0, "pFedMe regularisation lambda of the Moreau envelope (paper: 15)", positive),
+    Key("pfedme_k", int, 5, "pFedMe inner steps K on the personalized problem per mini-batch (paper: 5)",
+        at_least_one),
+    Key("pfedme_personal_lr", float, 0.09,
+        "pFedMe personal learning rate of the K inner steps (paper, MNIST non-convex: 0.09)", positive),
+    Key("pfedme_beta", float, 1.0, "pFedMe server step beta: w <- (1-beta) w + beta avg(w_i) (paper: 1)", positive),
+)
 
 
 def pfedme_inner_solve(theta: nn.Module, x: torch.Tensor, y: torch.Tensor, anchor: Sequence[torch.Tensor], *,

@@ -6,6 +6,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedpers.schema import Key, unit_interval_open_right
+
+
+# pFedSim's own config keys: its section of the config table, which fedpers.config assembles
+# from the core keys and each registered method's KEYS (help texts say paper, code or ours).
+KEYS: tuple[Key, ...] = (
+    Key("pfedsim_warmup", float, 0.5,
+        "pFedSim share of rounds in the FedAvg warm-up phase before personalization (paper code: 0.5)",
+        unit_interval_open_right),
+)
+
 
 def classifier_similarity(w_i: np.ndarray, w_j: np.ndarray) -> float:
     """pFedSim client similarity: the cosine similarity of two clients' classifier weights, row by row
