@@ -34,7 +34,7 @@ from fedpers.schema import Config, parse_id_list
 from fedpers.state_store import ClientStateStore, config_fingerprint, state_dir_of
 from fedpers.training import evaluate, resolve_device, seed_everything, sgd, train_epochs
 from fedpers.validation import corrupt_update
-from fedpers.wire import (MODEL_SECTION, SectionError, carried_metrics, evaluate_round_of, join_sections, round_config,
+from fedpers.wire import (MODEL_SECTION, WHOLE_MODEL, Contract, SectionError, carried_metrics, evaluate_round_of, join_sections, round_config,
                           section_counts_of, server_round_of, split_sections)
 
 STATE_PREFIX = "fedpers."
@@ -69,17 +69,34 @@ def arrays_digest(arrays: Sequence[np.ndarray]) -> str:
 class FedPersClient(NumPyClient):
     """Base client: see module docstring."""
 
-    download_part: Part = "all"
-    upload_part: Part = "all"
-    # the named sections of the broadcast and of the upload, in order (fedpers.wire), as the method's
-    # strategy declares them (tests/test_layers.py checks they agree)
-    broadcast_sections: tuple[str, ...] = (MODEL_SECTION,)
-    upload_sections: tuple[str, ...] = (MODEL_SECTION,)
+    # what the server broadcasts and this client uploads (model parts, named sections): the same
+    # fedpers.wire.Contract as the method's strategy (tests/test_layers.py checks they are the same)
+    contract: Contract = WHOLE_MODEL
     persistent_part: Part | None = None
     # whole-model copies of other state a client keeps between rounds (EMA teacher, personal model,
     # control variates), besides persistent_part: what fedpers.memory.estimate counts per client
     state_model_copies: float = 0.0
     model_kind: str = "cnn"  # as the method's strategy declares it (tests/test_layers.py checks they agree)
+
+    @property
+    def download_part(self) -> Part:
+        """The part of the model the broadcast's model section holds."""
+        return self.contract.download_part  # type: ignore[return-value]
+
+    @property
+    def upload_part(self) -> Part:
+        """The part of the model the upload's model section holds."""
+        return self.contract.upload_part  # type: ignore[return-value]
+
+    @property
+    def broadcast_sections(self) -> tuple[str, ...]:
+        """The broadcast's named sections, in order."""
+        return self.contract.broadcast
+
+    @property
+    def upload_sections(self) -> tuple[str, ...]:
+        """The upload's named sections, in order."""
+        return self.contract.upload
 
     def __init__(self, cfg: Config, context: Context):
         self.cfg = cfg

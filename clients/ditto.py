@@ -27,6 +27,7 @@ from clients.base import FedPersClient, arrays_digest
 from fedpers.algorithms.ditto import personal_objective
 from fedpers.models import get_arrays, set_arrays
 from fedpers.training import evaluate, sgd, train_epochs
+from fedpers.wire import WHOLE_MODEL
 
 PERSONAL_STATE = "ditto_personal"
 
@@ -35,8 +36,7 @@ class DittoClient(FedPersClient):
     """Global model trained as FedAvg and uploaded; personal model v_k trained with proximal coupling."""
     state_model_copies = 1.0  # the personal model v_k, per client (memory estimate)
 
-    download_part = "all"
-    upload_part = "all"
+    contract = WHOLE_MODEL
 
     def __init__(self, cfg, context):
         super().__init__(cfg, context)

@@ -31,6 +31,7 @@ from fedpers.algorithms.fedala import ala_combine, learn_ala_weights, top_parame
 from fedpers.errors import ClientUpdateError
 from fedpers.models import get_arrays, parameter_names, set_arrays
 from fedpers.training import evaluate
+from fedpers.wire import WHOLE_MODEL
 
 LOCAL_STATE = "fedala_local"
 WEIGHTS_STATE = "fedala_weights"
@@ -40,8 +41,7 @@ class FedALAClient(FedPersClient):
     """ALA initialisation, local SGD, whole-model upload; local model and ALA weights persist."""
     state_model_copies = 2.0  # the local model and its aggregation weights, per client (memory estimate)
 
-    download_part = "all"
-    upload_part = "all"
+    contract = WHOLE_MODEL
 
     def __init__(self, cfg, context):
         super().__init__(cfg, context)

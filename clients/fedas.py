@@ -46,10 +46,7 @@ from fedpers.wire import MODEL_SECTION, server_round_of
 class FedASClient(FedPersClient):
     """Parameter alignment of the received extractor, local training, Fisher-trace upload."""
 
-    download_part = "backbone"
-    upload_part = "backbone"
-    broadcast_sections = fedas.BROADCAST
-    upload_sections = fedas.UPLOAD
+    contract = fedas.CONTRACT
     persistent_part = "all"
 
     def __init__(self, cfg, context):

@@ -1,10 +1,10 @@
 """FedAvg client: local cross-entropy SGD on the whole model."""
 
 from clients.base import FedPersClient
+from fedpers.wire import WHOLE_MODEL
 
 
 class FedAvgClient(FedPersClient):
     """Plain local SGD; uploads the whole model."""
 
-    download_part = "all"
-    upload_part = "all"
+    contract = WHOLE_MODEL

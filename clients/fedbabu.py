@@ -20,13 +20,13 @@ from clients.base import FedPersClient
 from fedpers.algorithms.fedbabu import fine_tune_copy
 from fedpers.models import backbone_parameters, head_parameters
 from fedpers.training import evaluate, sgd, train_epochs
+from fedpers.wire import BACKBONE_ONLY
 
 
 class FedBABUClient(FedPersClient):
     """Body-only training with a frozen random head; fine-tuning at evaluation."""
 
-    download_part = "backbone"
-    upload_part = "backbone"
+    contract = BACKBONE_ONLY
 
     def train(self, generator: torch.Generator) -> float:
         """FedBABU body update: SGD on the body with the head frozen."""

@@ -25,8 +25,7 @@ from fedpers.algorithms.server_state import linear_term, local_steps, zeros_like
 class FedDCClient(ServerStateClient):
     """Drift-decoupled, gradient-corrected local training."""
     state_model_copies = 2.0  # the drift variable and the gradient correction, per client (memory estimate)
-    broadcast_sections = feddc.BROADCAST
-    upload_sections = feddc.UPLOAD
+    contract = feddc.CONTRACT
 
     def on_download(self) -> None:
         """Snapshot w, g and this client's h_i, g_i."""

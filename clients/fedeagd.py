@@ -31,7 +31,7 @@ from clients.base import FedPersClient
 from fedpers.algorithms.fedeagd import ema_update, fedeagd_coefficients, fusion_coefficient, historical_distillation
 from fedpers.models import set_arrays
 from fedpers.training import eval_mode_features, frozen_copy
-from fedpers.wire import server_round_of
+from fedpers.wire import BACKBONE_ONLY, server_round_of
 
 TEACHER_STATE = "ema_teacher"
 
@@ -40,8 +40,7 @@ class FedEAGDClient(FedPersClient):
     """Shared SE-CNN extractor, persistent head + residual, persistent EMA teacher."""
     state_model_copies = 1.0  # the EMA teacher (a backbone copy), per client (memory estimate)
 
-    download_part = "backbone"
-    upload_part = "backbone"
+    contract = BACKBONE_ONLY
     persistent_part = "personal"
     model_kind = "se_cnn"
 

@@ -50,10 +50,7 @@ SHARED_FLAG = "fedfed_shared"
 class FedFedClient(FedPersClient):
     """FedAvg client with a local feature distiller and the global shared features."""
 
-    download_part = "all"
-    upload_part = "all"
-    broadcast_sections = fedfed.BROADCAST
-    upload_sections = fedfed.UPLOAD
+    contract = fedfed.CONTRACT
 
     def __init__(self, cfg, context):
         super().__init__(cfg, context)
@@ -173,5 +170,5 @@ class FedFedClient(FedPersClient):
         self._round = server_round_of(config)
         upload, n, metrics = super().fit(parameters, config)
         metrics["shared_samples_used"] = int(len(self.shared_y)) if not self.distilling() else 0
-        metrics["shared_samples_sent"] = int(len(upload[-1]))  # the shared_labels section, last (fedfed.UPLOAD)
+        metrics["shared_samples_sent"] = int(len(upload[-1]))  # the shared_labels section, last (fedfed.CONTRACT)
         return upload, n, metrics

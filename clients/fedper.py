@@ -2,11 +2,11 @@
 uploads only the backbone."""
 
 from clients.base import FedPersClient
+from fedpers.wire import BACKBONE_ONLY
 
 
 class FedPerClient(FedPersClient):
     """Backbone shared, head persistent and private."""
 
-    download_part = "backbone"
-    upload_part = "backbone"
+    contract = BACKBONE_ONLY
     persistent_part = "head"

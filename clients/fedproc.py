@@ -29,8 +29,7 @@ from fedpers.training import backbone_features
 class FedProcClient(ServerStateClient):
     """Hybrid CE + prototype-contrastive local loss; uploads class prototypes."""
 
-    broadcast_sections = fedproc.BROADCAST
-    upload_sections = fedproc.UPLOAD
+    contract = fedproc.CONTRACT
 
     def on_download(self) -> None:
         """Global prototypes and which classes have one."""

@@ -36,10 +36,7 @@ INFER_MODES = ("global", "local", "head")
 class FedProtoClient(FedPersClient):
     """Local model, prototype-regularised training, prototype upload, nearest-prototype inference."""
 
-    download_part = "all"  # unused: prepare is overridden (the broadcast is prototypes)
-    upload_part = "all"  # unused: upload_content is overridden
-    broadcast_sections = fedproto.BROADCAST
-    upload_sections = fedproto.UPLOAD
+    contract = fedproto.CONTRACT
     persistent_part = "all"
 
     def __init__(self, cfg, context):

@@ -20,13 +20,13 @@ import torch
 from clients.base import FedPersClient
 from fedpers.models import backbone_parameters, head_parameters
 from fedpers.training import backbone_features, sgd, train_epochs, train_head_on_features
+from fedpers.wire import BACKBONE_ONLY
 
 
 class FedRepClient(FedPersClient):
     """Shared body, private head; head epochs then body epochs."""
 
-    download_part = "backbone"
-    upload_part = "backbone"
+    contract = BACKBONE_ONLY
     persistent_part = "head"
 
     def train_head(self, generator: torch.Generator) -> float:

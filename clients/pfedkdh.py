@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from clients.base import FedPersClient
+from fedpers.algorithms import pfedkdh
 from fedpers.algorithms.pfedkdh import pfedkdh_objective
 from fedpers.models import backbone_parameters
 from fedpers.training import accuracy_and_loss, adapt_head_copy, backbone_features, frozen_copy
@@ -23,8 +24,7 @@ from fedpers.training import accuracy_and_loss, adapt_head_copy, backbone_featur
 class PFedKDHClient(FedPersClient):
     """Student (theta_k, phi_k) distilled from the teacher (theta_g, phi_g)."""
 
-    download_part = "all"
-    upload_part = "backbone"
+    contract = pfedkdh.CONTRACT
     persistent_part = "head"
 
     def on_download(self) -> None:

@@ -30,6 +30,7 @@ from clients.base import FedPersClient, arrays_digest
 from fedpers.algorithms.pfedme import pfedme_inner_solve, pfedme_local_update
 from fedpers.models import get_arrays, set_arrays
 from fedpers.training import evaluate, minibatches
+from fedpers.wire import WHOLE_MODEL
 
 PERSONAL_STATE = "pfedme_theta"
 
@@ -38,8 +39,7 @@ class PFedMeClient(FedPersClient):
     """Bilevel Moreau-envelope local update; uploads w_{i,R}, keeps theta_i."""
     state_model_copies = 1.0  # the personalized model theta_i, per client (memory estimate)
 
-    download_part = "all"
-    upload_part = "all"
+    contract = WHOLE_MODEL
 
     def __init__(self, cfg, context):
         super().__init__(cfg, context)

@@ -22,7 +22,7 @@ from clients.base import FedPersClient, arrays_digest
 from fedpers.algorithms.pfedsim import warmup_rounds
 from fedpers.models import get_arrays, parameter_names, set_arrays
 from fedpers.training import evaluate
-from fedpers.wire import server_round_of
+from fedpers.wire import WHOLE_MODEL, server_round_of
 
 LOCAL_STATE = "pfedsim_local"
 
@@ -31,8 +31,7 @@ class PFedSimClient(FedPersClient):
     """Whole-model training; own classifier and trained model kept from the personalization phase on."""
     state_model_copies = 1.0  # the local model, per client (memory estimate)
 
-    download_part = "all"
-    upload_part = "all"
+    contract = WHOLE_MODEL
 
     def __init__(self, cfg, context):
         super().__init__(cfg, context)

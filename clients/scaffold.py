@@ -6,7 +6,7 @@ participation). Local steps follow ``y <- y - eta_l (g_i(y) - c_i + c)`` (line 1
 JDFL's joint-label loss) is unchanged. After K local steps: ``c_i+ = c_i - c + (x - y_i)/(K eta_l)``
 (line 12, option II); uploads y_i and Delta c_i = c_i+ - c_i and stores c_i+.
 
-Sections (fedpers.algorithms.scaffold.BROADCAST / UPLOAD): ``model`` + ``server_control`` down,
+Sections (fedpers.algorithms.scaffold.CONTRACT): ``model`` + ``server_control`` down,
 ``model`` + ``control_delta`` up.
 """
 
@@ -26,8 +26,7 @@ from fedpers.models import get_arrays
 class ScaffoldClient(ServerStateClient):
     """Control-variate-corrected local SGD."""
     state_model_copies = 1.0  # the control variate c_i, per client (memory estimate)
-    broadcast_sections = scaffold.BROADCAST
-    upload_sections = scaffold.UPLOAD
+    contract = scaffold.CONTRACT
 
     def on_download(self) -> None:
         """Snapshot x, c and this client's c_i; the correction c - c_i."""

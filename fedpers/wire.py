@@ -4,6 +4,7 @@ through these helpers, on both ends.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 SERVER_ROUND = "server_round"  # the round a fit/evaluate message belongs to; 0 = before round 1 (JDFL discovery)
@@ -76,12 +77,28 @@ def carried_evaluation_of(metrics: Mapping[str, Any]) -> tuple[float, int, dict[
 
 # --- the arrays of a message, in named sections ---------------------------------------------------------
 # A message's arrays are named sections, concatenated in the order the method declares them once (its
-# math module's BROADCAST / UPLOAD, set as ``broadcast_sections`` / ``upload_sections`` on its strategy
-# and its client). The sender puts each section's number of arrays next to them (the config of a fit or
+# Contract: ``broadcast`` / ``upload``, the ``contract`` of its strategy and its client). The sender puts each section's number of arrays next to them (the config of a fit or
 # evaluate message, the metrics of a fit reply) under ARRAYS_PREFIX + name; the receiver splits by name
 # and refuses a message whose sections are not the declared ones or whose counts do not add up.
 MODEL_SECTION = "model"  # the model part a method broadcasts or uploads (download_part / upload_part)
 ARRAYS_PREFIX = "arrays:"
+
+
+@dataclass(frozen=True)
+class Contract:
+    """What a method's strategy and its client exchange, declared once for both (``contract`` on each
+    class; tests/test_layers.py checks they are the same): the part of the model in the broadcast's and
+    the upload's ``model`` section (``all`` | ``backbone`` | ``head``, fedpers.models), and the named
+    sections of each message, in order."""
+
+    download_part: str = "all"
+    upload_part: str = "all"
+    broadcast: tuple[str, ...] = (MODEL_SECTION,)
+    upload: tuple[str, ...] = (MODEL_SECTION,)
+
+
+WHOLE_MODEL = Contract()  # FedAvg and its family, Ditto, pFedMe, FedALA, pFedSim, FedDyn, MOON, FedProx
+BACKBONE_ONLY = Contract("backbone", "backbone")  # FedPer, FedRep, FedBABU, FedEAGD: the head never leaves
 
 
 class SectionError(ValueError):

@@ -50,7 +50,7 @@ from fedpers.results import ACCURACY_PREFIXES, ResultsWriter, accuracy_summary
 from fedpers.schema import Config
 from fedpers.training import accuracy_and_loss, predict_logits, resolve_device
 from fedpers.validation import aggregate_updates, update_problem
-from fedpers.wire import (MODEL_SECTION, SectionError, carried_evaluation_of, join_sections, round_config,
+from fedpers.wire import (MODEL_SECTION, WHOLE_MODEL, Contract, SectionError, carried_evaluation_of, join_sections, round_config,
                           split_sections, with_evaluation)
 
 
@@ -70,7 +70,7 @@ class RoundState(TypedDict, total=False):
     """What a strategy gathers during one round for its record (``FedPersStrategy._round``): reset by
     ``start_round`` (configure_fit), turned into the round's line of metrics.jsonl by ``_finish_round``,
     and checkpointed as it is while the round is pending (so: JSON-serializable values). A method keeps its own
-    per-round values under its own names next to these (FedEAGD: ``fit_up_each``, ``mean_drift``, ...)."""
+    per-round values in ``method`` (:meth:`FedPersStrategy.round_values`), never as keys of their own here."""
 
     start: float  # perf_counter at configure_fit
     end: float  # perf_counter when the evaluate phase ended (pending rounds)
@@ -87,6 +87,7 @@ class RoundState(TypedDict, total=False):
     evaluations: list  # (loss, examples, metrics) of each evaluate reply, sent or carried
     deferred: list  # partition ids whose evaluation comes with the next round's fit replies
     extras: dict  # method metrics of the round, copied into the record
+    method: dict  # a method's own per-round values by its own names, for its own use (FedEAGD's fit sizes)
 PERSONAL_ACC_PREFIX = "acc_"  # extra client metrics "acc_<name>" become "personalized_macro_acc_<name>"
 
 
@@ -98,12 +99,9 @@ def parameters_nbytes(parameters: Parameters) -> int:
 class FedPersStrategy(Strategy):
     """Base strategy: see module docstring."""
 
-    download_part: Part = "all"
-    upload_part: Part = "all"
-    # the named sections of the broadcast and of a client's upload, in order (fedpers.wire): declared once
-    # in the method's math module and set on its strategy and its client alike
-    broadcast_sections: tuple[str, ...] = (MODEL_SECTION,)
-    upload_sections: tuple[str, ...] = (MODEL_SECTION,)
+    # what the server broadcasts and each client uploads (model parts, named sections), declared once for
+    # the method's strategy and its client (fedpers.wire.Contract; a method's own in its math module)
+    contract: Contract = WHOLE_MODEL
     has_global_model: bool = True
     # True where every client's personalized model *is* the global model (FedAvg and the global optimizers
     # built on it): the per-client accuracies are then read off the server's one evaluation of the global
@@ -115,6 +113,26 @@ class FedPersStrategy(Strategy):
     # False where a fit message's broadcast is not the evaluate message's (per-client fit broadcasts:
     # pFedSim, FedFed): those clients cannot run round t's evaluation on round t + 1's fit broadcast
     fit_carries_evaluation: bool = True
+
+    @property
+    def download_part(self) -> Part:
+        """The part of the model the broadcast's model section holds."""
+        return self.contract.download_part  # type: ignore[return-value]
+
+    @property
+    def upload_part(self) -> Part:
+        """The part of the model a client's upload's model section holds."""
+        return self.contract.upload_part  # type: ignore[return-value]
+
+    @property
+    def broadcast_sections(self) -> tuple[str, ...]:
+        """The broadcast's named sections, in order."""
+        return self.contract.broadcast
+
+    @property
+    def upload_sections(self) -> tuple[str, ...]:
+        """An upload's named sections, in order."""
+        return self.contract.upload
 
     def __init__(self, cfg: Config, federation: Federation, writer: ResultsWriter | None = None):
         self.cfg = cfg
@@ -442,6 +460,11 @@ class FedPersStrategy(Strategy):
         self._finish_round(server_round, per_client, record_extras)
 
     # --- helpers ----------------------------------------------------------------------------------
+    def round_values(self) -> dict[str, Any]:
+        """The method's own values of the current round (``RoundState.method``), reset with the round and
+        checkpointed with it while it is pending."""
+        return self._round.setdefault("method", {})
+
     def start_round(self) -> None:
         """Reset the per-round counters (called by configure_fit)."""
         self._round = {"start": time.perf_counter(), "bytes_up": 0, "bytes_down": 0, "losses": [],

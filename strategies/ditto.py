@@ -7,12 +7,12 @@ models v_k (Ditto objective, Eq. 2: ``min_v F_k(v) + lambda/2 ||v - w^t||^2``) n
 the personalized macro accuracy of the v_k.
 """
 
+from fedpers.wire import WHOLE_MODEL
 from strategies.base import FedPersStrategy
 
 
 class DittoStrategy(FedPersStrategy):
     """FedAvg on the global model; personal models stay on the clients."""
 
-    download_part = "all"
-    upload_part = "all"
+    contract = WHOLE_MODEL
     has_global_model = True

@@ -10,14 +10,14 @@ centrally (``global_acc``); the headline is the personalized macro accuracy of t
 from __future__ import annotations
 
 from fedpers.errors import ConfigError
+from fedpers.wire import WHOLE_MODEL
 from strategies.base import FedPersStrategy
 
 
 class FedALAStrategy(FedPersStrategy):
     """FedAvg aggregation; ALA lives on the clients."""
 
-    download_part = "all"
-    upload_part = "all"
+    contract = WHOLE_MODEL
     has_global_model = True
 
     def prepare_global_model(self) -> None:

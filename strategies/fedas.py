@@ -25,10 +25,7 @@ from strategies.base import FedPersStrategy, Updates
 class FedASStrategy(FedPersStrategy):
     """Backbone broadcast; Fisher-weighted backbone aggregation."""
 
-    download_part = "backbone"
-    upload_part = "backbone"
-    broadcast_sections = fedas.BROADCAST
-    upload_sections = fedas.UPLOAD
+    contract = fedas.CONTRACT
     has_global_model = False
 
     def prepare_global_model(self) -> None:

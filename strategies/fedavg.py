@@ -1,13 +1,13 @@
 """FedAvg (McMahan et al., AISTATS 2017): the whole model is broadcast, trained and averaged
 (sample-weighted, Alg. 1 of the paper); evaluated as a global model."""
 
+from fedpers.wire import WHOLE_MODEL
 from strategies.base import FedPersStrategy
 
 
 class FedAvgStrategy(FedPersStrategy):
     """Whole-model averaging."""
 
-    download_part = "all"
-    upload_part = "all"
+    contract = WHOLE_MODEL
     personalized_is_global = True  # every client evaluates the global model: read it off one evaluation
     metric = "global_acc"

@@ -8,12 +8,12 @@ headline metric is the personalized macro accuracy after each client fine-tunes 
 on its train data (``clients/fedbabu.py``).
 """
 
+from fedpers.wire import BACKBONE_ONLY
 from strategies.base import FedPersStrategy
 
 
 class FedBABUStrategy(FedPersStrategy):
     """Body-only broadcast and aggregation; the fixed random head is never sent (identical by seed)."""
 
-    download_part = "backbone"
-    upload_part = "backbone"
+    contract = BACKBONE_ONLY
     has_global_model = True

@@ -22,8 +22,7 @@ from strategies.server_state import ServerStateStrategy
 class FedDCStrategy(ServerStateStrategy):
     """FedDC: w from drift-corrected uploads; g broadcast with w."""
 
-    broadcast_sections = feddc.BROADCAST
-    upload_sections = feddc.UPLOAD
+    contract = feddc.CONTRACT
 
     def initial_server_state(self) -> list[np.ndarray]:
         """g = 0."""

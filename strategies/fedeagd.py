@@ -21,6 +21,7 @@ from flwr.server import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
 from fedpers.models import parameter_count
+from fedpers.wire import BACKBONE_ONLY
 from strategies.base import FedPersStrategy, parameters_nbytes
 
 FP32_BYTES = 4
@@ -29,8 +30,7 @@ FP32_BYTES = 4
 class FedEAGDStrategy(FedPersStrategy):
     """Shared-extractor-only broadcast and sample-weighted aggregation, with per-client byte accounting."""
 
-    download_part = "backbone"
-    upload_part = "backbone"
+    contract = BACKBONE_ONLY
     has_global_model = False
     model_kind = "se_cnn"
 
@@ -44,27 +44,29 @@ class FedEAGDStrategy(FedPersStrategy):
                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
         """As the base; also notes the size of one fit broadcast."""
         out = super().configure_fit(server_round, parameters, client_manager)
-        self._round["fit_down_each"] = parameters_nbytes(parameters)
-        self._round["fit_down_total"] = parameters_nbytes(parameters) * len(out)
+        mine = self.round_values()
+        mine["fit_down_each"] = parameters_nbytes(parameters)
+        mine["fit_down_total"] = parameters_nbytes(parameters) * len(out)
         return out
 
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
                       failures: list[Any]) -> tuple[Parameters | None, dict[str, Scalar]]:
         """As the base; also records per-client upload sizes and the clients' mean drift/coefficient."""
         ups = [parameters_nbytes(res.parameters) for _, res in results]
-        self._round["fit_up_each"] = ups
+        mine = self.round_values()
+        mine["fit_up_each"] = ups
         for name in ("mean_drift", "mean_kd_coef", "max_drift"):
             vals = [(float(res.metrics[name]), res.num_examples) for _, res in results
                     if isinstance(res.metrics.get(name), (int, float)) and math.isfinite(res.metrics[name])]
             n = sum(c for _, c in vals)
             if name == "max_drift":
-                self._round[name] = max((v for v, _ in vals), default=None)
+                mine[name] = max((v for v, _ in vals), default=None)
             else:
-                self._round[name] = sum(v * c for v, c in vals) / n if n else None
+                mine[name] = sum(v * c for v, c in vals) / n if n else None
         return super().aggregate_fit(server_round, results, failures)
 
     def _finish_round(self, server_round: int, per_client: dict[int, float] | None, extras: dict[str, Any]) -> None:
-        r = self._round
+        r = self.round_values()
         ups = r.get("fit_up_each", [])
         up_each = int(round(float(np.mean(ups)))) if ups else 0
         down_each = int(r.get("fit_down_each", 0)) if ups else 0

@@ -50,10 +50,7 @@ def shared_problem(xs: np.ndarray, ys: np.ndarray, input_shape, num_classes: int
 class FedFedStrategy(FedPersStrategy):
     """FedAvg plus a global dataset of shared, noisy performance-sensitive features."""
 
-    download_part = "all"
-    upload_part = "all"
-    broadcast_sections = fedfed.BROADCAST
-    upload_sections = fedfed.UPLOAD
+    contract = fedfed.CONTRACT
     has_global_model = True
     fit_carries_evaluation = False  # per-client fit broadcasts (FedPersStrategy.per_client_fit)
 

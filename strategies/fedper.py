@@ -2,12 +2,12 @@
 personalization layers (the head) stay on each client. There is no global head, hence no global
 accuracy; the method is judged by personalized macro accuracy."""
 
+from fedpers.wire import BACKBONE_ONLY
 from strategies.base import FedPersStrategy
 
 
 class FedPerStrategy(FedPersStrategy):
     """Backbone-only broadcast and aggregation."""
 
-    download_part = "backbone"
-    upload_part = "backbone"
+    contract = BACKBONE_ONLY
     has_global_model = False

@@ -21,8 +21,7 @@ from strategies.server_state import ServerStateStrategy
 class FedProcStrategy(ServerStateStrategy):
     """FedProc: global class prototypes next to the model."""
 
-    broadcast_sections = fedproc.BROADCAST
-    upload_sections = fedproc.UPLOAD
+    contract = fedproc.CONTRACT
 
     def _dims(self) -> tuple[int, int]:
         return self.federation.num_classes, int(self.model.head.in_features)

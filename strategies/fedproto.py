@@ -24,10 +24,7 @@ from strategies.base import FedPersStrategy, Updates
 class FedProtoStrategy(FedPersStrategy):
     """Prototype exchange: uploads (prototypes, counts), broadcasts (global prototypes, mask)."""
 
-    download_part = "all"  # unused: the broadcast is the prototypes (broadcast_content)
-    upload_part = "all"  # unused: uploads are prototypes (upload_section_shapes)
-    broadcast_sections = fedproto.BROADCAST
-    upload_sections = fedproto.UPLOAD
+    contract = fedproto.CONTRACT
     has_global_model = False
 
     def prepare_global_model(self) -> None:

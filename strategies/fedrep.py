@@ -6,12 +6,12 @@ Only the shared representation (the body = ``backbone``) is broadcast, uploaded 
 personalized macro accuracy (the global body with each client's own head).
 """
 
+from fedpers.wire import BACKBONE_ONLY
 from strategies.base import FedPersStrategy
 
 
 class FedRepStrategy(FedPersStrategy):
     """Body-only broadcast and aggregation; heads stay local."""
 
-    download_part = "backbone"
-    upload_part = "backbone"
+    contract = BACKBONE_ONLY
     has_global_model = False

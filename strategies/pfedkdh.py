@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch.nn.functional as F
 
+from fedpers.algorithms import pfedkdh
 from fedpers import seeds
 from fedpers.errors import FedpersError
 from fedpers.training import recalibrate_head, seed_everything, sgd, train_epochs
@@ -25,8 +26,7 @@ from strategies.base import FedPersStrategy
 class PFedKDHStrategy(FedPersStrategy):
     """Backbone-only aggregation plus a recalibrated teacher head."""
 
-    download_part = "all"  # theta_g and the teacher head phi_g
-    upload_part = "backbone"  # theta_k only
+    contract = pfedkdh.CONTRACT
 
     def prepare_global_model(self) -> None:
         """Algorithm 1 lines 2-5: optional warm-up (Eq. 3), then teacher calibration (Eq. 5)."""

@@ -17,14 +17,14 @@ import numpy as np
 
 from fedpers.algorithms.pfedme import beta_mix
 from fedpers.models import get_arrays, set_arrays
+from fedpers.wire import WHOLE_MODEL
 from strategies.base import FedPersStrategy
 
 
 class PFedMeStrategy(FedPersStrategy):
     """Whole-model broadcast; beta-mixed average of the clients' local models."""
 
-    download_part = "all"
-    upload_part = "all"
+    contract = WHOLE_MODEL
     has_global_model = True
 
     def apply_aggregate(self, server_round: int, aggregated: list[np.ndarray]) -> None:

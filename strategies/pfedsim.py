@@ -25,15 +25,14 @@ import numpy as np
 from fedpers.algorithms.pfedsim import classifier_similarity, pfedsim_weights, warmup_rounds
 from fedpers.models import get_arrays, parameter_names, set_arrays
 from fedpers.validation import weighted_average
-from fedpers.wire import MODEL_SECTION
+from fedpers.wire import MODEL_SECTION, WHOLE_MODEL
 from strategies.base import FedPersStrategy, Updates
 
 
 class PFedSimStrategy(FedPersStrategy):
     """FedAvg warm-up, then similarity-weighted personalized feature extractors."""
 
-    download_part = "all"
-    upload_part = "all"
+    contract = WHOLE_MODEL
     has_global_model = False
     fit_carries_evaluation = False  # per-client fit broadcasts (FedPersStrategy.per_client_fit)
 

@@ -7,7 +7,7 @@ local model y_i and the control change Delta c_i = c_i+ - c_i. Server: ``x <- x 
 aggregated with the config's rule (sample-weighted mean by default, the paper's plain mean for equal
 client sizes); Delta c_i with the plain mean of Eq. line 17.
 
-Sections (fedpers.algorithms.scaffold.BROADCAST / UPLOAD): ``model`` + ``server_control`` down,
+Sections (fedpers.algorithms.scaffold.CONTRACT): ``model`` + ``server_control`` down,
 ``model`` + ``control_delta`` up.
 """
 
@@ -26,8 +26,7 @@ from strategies.server_state import ServerStateStrategy
 class ScaffoldStrategy(ServerStateStrategy):
     """SCAFFOLD: server control variate c broadcast with the model; Delta c_i uploaded with y_i."""
 
-    broadcast_sections = scaffold.BROADCAST
-    upload_sections = scaffold.UPLOAD
+    contract = scaffold.CONTRACT
 
     def initial_server_state(self) -> list[np.ndarray]:
         """c = 0 (Alg. 1 line 1)."""

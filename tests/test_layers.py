@@ -62,14 +62,17 @@ def test_private_flower_names_only_in_flower_internals():
 def test_strategy_and_client_declare_the_same_model_and_parts(name):
     strategy, client = METHODS[name].strategy_class(), METHODS[name].client_class()
     assert strategy.model_kind == client.model_kind
-    # what the server broadcasts is what the client loads, what the client uploads is what the server checks
-    assert (strategy.download_part, strategy.upload_part) == (client.download_part, client.upload_part)
-    # and by the same named sections, in the same order
-    assert (strategy.broadcast_sections, strategy.upload_sections) == (client.broadcast_sections, client.upload_sections)
+    # what the server broadcasts is what the client loads, what the client uploads is what the server checks:
+    # one Contract (model parts and named sections), declared once and named by both
+    assert strategy.contract == client.contract
+    for cls in (strategy, client):  # nothing redeclares a part of it on the side
+        for klass in cls.__mro__[:-1]:
+            if klass.__name__ not in ("FedPersStrategy", "FedPersClient"):
+                assert not {"download_part", "upload_part", "broadcast_sections", "upload_sections"} & set(vars(klass)), klass
 
 
 def test_the_methods_with_extra_arrays_name_every_section():
-    sections = {name: (METHODS[name].strategy_class().broadcast_sections, METHODS[name].strategy_class().upload_sections)
+    sections = {name: (METHODS[name].strategy_class().contract.broadcast, METHODS[name].strategy_class().contract.upload)
                 for name in ("scaffold", "feddc", "fedproc", "fedproto", "fedas", "fedfed", "fedavg", "feddyn")}
     assert sections == {
         "scaffold": (("model", "server_control"), ("model", "control_delta")),
@@ -111,3 +114,14 @@ def test_wire_helpers_round_trip_exactly():
     assert float_row_of({}, "jdfl_row", (1.0,)) == [1.0]
     assert server_round_of(round_config(7, jdfl_m=2)) == 7 and server_round_of({}) == 0
     assert round_config(3, jdfl_m=2) == {"server_round": 3, "jdfl_m": 2}
+
+
+def test_strategies_keep_per_round_values_only_under_the_declared_round_keys():
+    import re
+
+    from strategies.base import RoundState
+
+    used = set()
+    for path in (ROOT / "strategies").glob("*.py"):
+        used |= set(re.findall(r"""_round(?:\[|\.get\(|\.setdefault\()\s*["'](\w+)["']""", path.read_text()))
+    assert used and used <= set(RoundState.__annotations__), sorted(used - set(RoundState.__annotations__))

@@ -15,14 +15,13 @@ from torch import nn
 from fedpers.algorithms.prototypes import class_prototypes
 from fedpers.training import EVAL_BATCH, minibatches, sgd
 from fedpers.schema import Key, positive, non_negative, at_least_one
-from fedpers.wire import MODEL_SECTION
+from fedpers.wire import MODEL_SECTION, Contract
 
 
-# What travels, by named section (fedpers.wire), declared once for the strategy and the client:
+# What travels, by named section (fedpers.wire.Contract), declared once for the strategy and the client:
 # broadcast = the feature extractor; upload = the trained feature extractor and the trace of its Fisher
 # information (one (1,) array).
-BROADCAST: tuple[str, ...] = (MODEL_SECTION,)
-UPLOAD: tuple[str, ...] = (MODEL_SECTION, "fisher_trace")
+CONTRACT = Contract(download_part="backbone", upload_part="backbone", upload=(MODEL_SECTION, "fisher_trace"))
 
 # FedAS's own config keys: its section of the config table, which fedpers.config assembles
 # from the core keys and each registered method's KEYS (help texts say paper, code or ours).

@@ -12,13 +12,13 @@ import torch
 from fedpers.algorithms.scaffold import scaffold_client_control
 from fedpers.algorithms.server_state import _f64, _like
 from fedpers.schema import Key, positive
-from fedpers.wire import MODEL_SECTION
+from fedpers.wire import MODEL_SECTION, Contract
 
 
-# What travels, by named section (fedpers.wire), declared once for the strategy and the client:
+# What travels, by named section (fedpers.wire.Contract), declared once for the strategy and the client:
 # broadcast = w and the average update-rate state g (one array per model array); upload = theta_i + h_i and Delta g_i.
-BROADCAST: tuple[str, ...] = (MODEL_SECTION, "update_rate")
-UPLOAD: tuple[str, ...] = (MODEL_SECTION, "update_rate_delta")
+CONTRACT = Contract(broadcast=(MODEL_SECTION, "update_rate"),
+                    upload=(MODEL_SECTION, "update_rate_delta"))
 
 # FedDC's own config keys: its section of the config table, which fedpers.config assembles
 # from the core keys and each registered method's KEYS (help texts say paper, code or ours).

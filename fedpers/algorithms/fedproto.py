@@ -9,13 +9,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedpers.schema import Key, non_negative, one_of
+from fedpers.wire import Contract
 
 
-# What travels, by named section (fedpers.wire), declared once for the strategy and the client:
+# What travels, by named section (fedpers.wire.Contract), declared once for the strategy and the client:
 # broadcast = the global prototypes (C x d) and which classes have one (C,); no model; upload = the client's class
 # prototypes (C x d) and class counts (C,).
-BROADCAST: tuple[str, ...] = ("global_prototypes", "prototype_mask")
-UPLOAD: tuple[str, ...] = ("class_prototypes", "class_counts")
+CONTRACT = Contract(broadcast=("global_prototypes", "prototype_mask"), upload=("class_prototypes", "class_counts"))
 
 # FedProto's own config keys: its section of the config table, which fedpers.config assembles
 # from the core keys and each registered method's KEYS (help texts say paper, code or ours).

@@ -10,7 +10,12 @@ import torch.nn.functional as F
 
 from fedpers.losses import distillation_kl, proximal_term
 from fedpers.schema import Key, positive, non_negative, unit_interval, one_of
+from fedpers.wire import Contract
 
+
+# What travels (fedpers.wire.Contract), declared once for the strategy and the client: the whole model down
+# (the aggregated backbone and the recalibrated teacher head), only the backbone up (Eq. 4).
+CONTRACT = Contract(download_part="all", upload_part="backbone")
 
 # pFedKDH's own config keys: its section of the config table, which fedpers.config assembles
 # from the core keys and each registered method's KEYS (help texts say paper, code or ours).

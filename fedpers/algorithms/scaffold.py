@@ -10,13 +10,13 @@ import numpy as np
 
 from fedpers.algorithms.server_state import _f64, _like
 from fedpers.schema import Key, positive
-from fedpers.wire import MODEL_SECTION
+from fedpers.wire import MODEL_SECTION, Contract
 
 
-# What travels, by named section (fedpers.wire), declared once for the strategy and the client:
+# What travels, by named section (fedpers.wire.Contract), declared once for the strategy and the client:
 # broadcast = x and the server control variate c (one array per model array); upload = y_i and Delta c_i = c_i+ - c_i.
-BROADCAST: tuple[str, ...] = (MODEL_SECTION, "server_control")
-UPLOAD: tuple[str, ...] = (MODEL_SECTION, "control_delta")
+CONTRACT = Contract(broadcast=(MODEL_SECTION, "server_control"),
+                    upload=(MODEL_SECTION, "control_delta"))
 
 # SCAFFOLD's own config keys: its section of the config table, which fedpers.config assembles
 # from the core keys and each registered method's KEYS (help texts say paper, code or ours).
