@@ -36,6 +36,11 @@ from fedpers.registry import client_class_for, strategy_class_for
 from fedpers.results import read_metrics
 from fedpers.simulation import run_simulation
 
+try:
+    from strategies.base import Upload  # issue 18: an upload is its model section plus named others
+except ImportError:  # a tree before it (the "before" profile)
+    Upload = None
+
 HERE = Path(__file__).resolve().parent
 DATA = HERE.parent.parent / "shared" / "data"
 TABLE1 = {"num_clients": 20, "fraction_fit": 0.5, "local_epochs": 2, "batch_size": 64, "lr": 0.015}
@@ -73,6 +78,9 @@ def replay_round(cfg, server_round: int = 2) -> dict[str, float]:
     timings["server set-up (incl. initial calibration)"] = time.perf_counter() - t
     strategy.start_round()
     broadcast = strategy.download_arrays()
+    # the message config with the broadcast's section counts (trees before issue 18 sent the round only)
+    config = (strategy.message_config(server_round) if hasattr(strategy, "message_config")
+              else {"server_round": server_round})
     k = fed.num_clients
     m = max(1, int(round(cfg.fraction_fit * k)))
     chosen = sorted(int(p) for p in np.random.default_rng([cfg.seed, server_round]).choice(k, size=m, replace=False))
@@ -85,10 +93,11 @@ def replay_round(cfg, server_round: int = 2) -> dict[str, float]:
         client = client_cls(cfg, contexts[pid])
         build_s += time.perf_counter() - t
         t = time.perf_counter()
-        arrays, n, _ = client.fit(broadcast, {"server_round": server_round})
+        arrays, n, _ = client.fit(broadcast, config)
         fit_s += time.perf_counter() - t
         t = time.perf_counter()
-        updates[pid] = (parameters_to_ndarrays(ndarrays_to_parameters(arrays)), n)
+        received = parameters_to_ndarrays(ndarrays_to_parameters(arrays))
+        updates[pid] = Upload(received, n, {}) if Upload is not None else (received, n)
         ser_s += time.perf_counter() - t
     timings["client fit (sum over sampled clients, 1 thread)"] = fit_s
     torch.set_num_threads(2)  # the driver
@@ -108,7 +117,7 @@ def replay_round(cfg, server_round: int = 2) -> dict[str, float]:
         client = client_cls(cfg, contexts[pid])
         build_s += time.perf_counter() - t
         t = time.perf_counter()
-        client.evaluate(broadcast, {"server_round": server_round})
+        client.evaluate(broadcast, config)
         eval_s += time.perf_counter() - t
     timings["clients asked to evaluate"] = len(evaluated)
     timings["client evaluate (sum over the clients asked, 1 thread)"] = eval_s

@@ -34,8 +34,9 @@ from fedpers.schema import Config, parse_id_list
 from fedpers.state_store import ClientStateStore, config_fingerprint, state_dir_of
 from fedpers.training import evaluate, resolve_device, seed_everything, sgd, train_epochs
 from fedpers.validation import corrupt_update
-from fedpers.wire import (MODEL_SECTION, WHOLE_MODEL, Contract, SectionError, carried_metrics, evaluate_round_of, join_sections, round_config,
-                          section_counts_of, server_round_of, split_sections)
+from fedpers.wire import (MODEL_SECTION, WHOLE_MODEL, Contract, ContractSide, SectionError, carried_metrics,
+                          evaluate_round_of, join_sections, round_config, section_counts_of, server_round_of,
+                          split_sections)
 
 STATE_PREFIX = "fedpers."
 ROUNDS_RECORD = "saved_rounds"  # context.state ConfigRecord: state name -> round it was saved in
@@ -66,37 +67,17 @@ def arrays_digest(arrays: Sequence[np.ndarray]) -> str:
     return h.hexdigest()[:16]
 
 
-class FedPersClient(NumPyClient):
+class FedPersClient(ContractSide, NumPyClient):
     """Base client: see module docstring."""
 
-    # what the server broadcasts and this client uploads (model parts, named sections): the same
-    # fedpers.wire.Contract as the method's strategy (tests/test_layers.py checks they are the same)
+    # what the server broadcasts and this client uploads (model parts, named sections; read as
+    # download_part, upload_part, ...): the method strategy's fedpers.wire.Contract (a test checks it)
     contract: Contract = WHOLE_MODEL
     persistent_part: Part | None = None
     # whole-model copies of other state a client keeps between rounds (EMA teacher, personal model,
     # control variates), besides persistent_part: what fedpers.memory.estimate counts per client
     state_model_copies: float = 0.0
     model_kind: str = "cnn"  # as the method's strategy declares it (tests/test_layers.py checks they agree)
-
-    @property
-    def download_part(self) -> Part:
-        """The part of the model the broadcast's model section holds."""
-        return self.contract.download_part  # type: ignore[return-value]
-
-    @property
-    def upload_part(self) -> Part:
-        """The part of the model the upload's model section holds."""
-        return self.contract.upload_part  # type: ignore[return-value]
-
-    @property
-    def broadcast_sections(self) -> tuple[str, ...]:
-        """The broadcast's named sections, in order."""
-        return self.contract.broadcast
-
-    @property
-    def upload_sections(self) -> tuple[str, ...]:
-        """The upload's named sections, in order."""
-        return self.contract.upload
 
     def __init__(self, cfg: Config, context: Context):
         self.cfg = cfg
@@ -329,7 +310,8 @@ class _MessageClient(NumPyClient):
         evaluate_round = evaluate_round_of(config)
         if evaluate_round is None:
             return self.client.fit(parameters, config)
-        loss, examples, evaluated = self.client.evaluate(parameters, round_config(evaluate_round, **section_counts_of(config)))
+        evaluate_config = round_config(evaluate_round, **section_counts_of(config))  # the evaluate message's
+        loss, examples, evaluated = self.client.evaluate(parameters, evaluate_config)
         arrays, num_examples, metrics = self.build().fit(parameters, config)
         return arrays, num_examples, {**metrics, **carried_metrics(loss, examples, evaluated)}
 

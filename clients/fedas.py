@@ -95,7 +95,8 @@ class FedASClient(FedPersClient):
 
     def upload_content(self) -> dict[str, list[np.ndarray]]:
         """The feature extractor and the Fisher trace."""
-        return {MODEL_SECTION: get_arrays(self.model, "backbone"), "fisher_trace": [np.array([self.fim], dtype=np.float32)]}
+        return {MODEL_SECTION: get_arrays(self.model, "backbone"),
+                "fisher_trace": [np.array([self.fim], dtype=np.float32)]}
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
         """As the base (which saves the whole trained model); alignment runs inside ``prepare``."""

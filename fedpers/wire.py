@@ -101,6 +101,33 @@ WHOLE_MODEL = Contract()  # FedAvg and its family, Ditto, pFedMe, FedALA, pFedSi
 BACKBONE_ONLY = Contract("backbone", "backbone")  # FedPer, FedRep, FedBABU, FedEAGD: the head never leaves
 
 
+class ContractSide:
+    """The strategy's and the client's base: their ``contract`` and its parts as read-only attributes, so
+    that no method declares a part of it on one side only."""
+
+    contract: Contract = WHOLE_MODEL
+
+    @property
+    def download_part(self) -> str:
+        """The part of the model the broadcast's model section holds."""
+        return self.contract.download_part
+
+    @property
+    def upload_part(self) -> str:
+        """The part of the model an upload's model section holds."""
+        return self.contract.upload_part
+
+    @property
+    def broadcast_sections(self) -> tuple[str, ...]:
+        """The broadcast's named sections, in order."""
+        return self.contract.broadcast
+
+    @property
+    def upload_sections(self) -> tuple[str, ...]:
+        """An upload's named sections, in order."""
+        return self.contract.upload
+
+
 class SectionError(ValueError):
     """A message's arrays are not the sections its method declares."""
 

@@ -50,8 +50,8 @@ from fedpers.results import ACCURACY_PREFIXES, ResultsWriter, accuracy_summary
 from fedpers.schema import Config
 from fedpers.training import accuracy_and_loss, predict_logits, resolve_device
 from fedpers.validation import aggregate_updates, update_problem
-from fedpers.wire import (MODEL_SECTION, WHOLE_MODEL, Contract, SectionError, carried_evaluation_of, join_sections, round_config,
-                          split_sections, with_evaluation)
+from fedpers.wire import (MODEL_SECTION, WHOLE_MODEL, Contract, ContractSide, SectionError, carried_evaluation_of,
+                          join_sections, round_config, split_sections, with_evaluation)
 
 
 class Upload(NamedTuple):
@@ -96,11 +96,11 @@ def parameters_nbytes(parameters: Parameters) -> int:
     return sum(len(t) for t in parameters.tensors)
 
 
-class FedPersStrategy(Strategy):
+class FedPersStrategy(ContractSide, Strategy):
     """Base strategy: see module docstring."""
 
-    # what the server broadcasts and each client uploads (model parts, named sections), declared once for
-    # the method's strategy and its client (fedpers.wire.Contract; a method's own in its math module)
+    # what the server broadcasts and each client uploads (model parts, named sections; read as
+    # download_part, upload_part, ...): one fedpers.wire.Contract, named by the method's strategy and client
     contract: Contract = WHOLE_MODEL
     has_global_model: bool = True
     # True where every client's personalized model *is* the global model (FedAvg and the global optimizers
@@ -113,26 +113,6 @@ class FedPersStrategy(Strategy):
     # False where a fit message's broadcast is not the evaluate message's (per-client fit broadcasts:
     # pFedSim, FedFed): those clients cannot run round t's evaluation on round t + 1's fit broadcast
     fit_carries_evaluation: bool = True
-
-    @property
-    def download_part(self) -> Part:
-        """The part of the model the broadcast's model section holds."""
-        return self.contract.download_part  # type: ignore[return-value]
-
-    @property
-    def upload_part(self) -> Part:
-        """The part of the model a client's upload's model section holds."""
-        return self.contract.upload_part  # type: ignore[return-value]
-
-    @property
-    def broadcast_sections(self) -> tuple[str, ...]:
-        """The broadcast's named sections, in order."""
-        return self.contract.broadcast
-
-    @property
-    def upload_sections(self) -> tuple[str, ...]:
-        """An upload's named sections, in order."""
-        return self.contract.upload
 
     def __init__(self, cfg: Config, federation: Federation, writer: ResultsWriter | None = None):
         self.cfg = cfg
