@@ -4,6 +4,7 @@ through these helpers, on both ends.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -77,9 +78,10 @@ def carried_evaluation_of(metrics: Mapping[str, Any]) -> tuple[float, int, dict[
 
 # --- the arrays of a message, in named sections ---------------------------------------------------------
 # A message's arrays are named sections, concatenated in the order the method declares them once (its
-# Contract: ``broadcast`` / ``upload``, the ``contract`` of its strategy and its client). The sender puts each section's number of arrays next to them (the config of a fit or
-# evaluate message, the metrics of a fit reply) under ARRAYS_PREFIX + name; the receiver splits by name
-# and refuses a message whose sections are not the declared ones or whose counts do not add up.
+# Contract: ``broadcast`` / ``upload``, the ``contract`` of its strategy and its client). The sender puts
+# each section's number of arrays next to them (the config of a fit or evaluate message, the metrics of a
+# fit reply) under ARRAYS_PREFIX + name; the receiver splits by name and refuses a message whose sections
+# are not the declared ones or whose counts do not add up.
 MODEL_SECTION = "model"  # the model part a method broadcasts or uploads (download_part / upload_part)
 ARRAYS_PREFIX = "arrays:"
 
@@ -156,7 +158,7 @@ def split_sections(arrays: list, entries: Mapping[str, Any], names: tuple[str, .
     if set(counts) != set(names):
         raise SectionError(f"sections {sorted(counts)} received, but the method declares {list(names)}")
     bad = [name for name in names
-           if isinstance(counts[name], bool) or not isinstance(counts[name], int) or counts[name] < 0]
+           if isinstance(counts[name], bool) or not isinstance(counts[name], numbers.Integral) or counts[name] < 0]
     if bad:
         raise SectionError(f"section '{bad[0]}': array count {counts[bad[0]]!r} is not a non-negative integer")
     if sum(counts[name] for name in names) != len(arrays):
@@ -164,6 +166,6 @@ def split_sections(arrays: list, entries: Mapping[str, Any], names: tuple[str, .
                            f"{', '.join(f'{name}={counts[name]}' for name in names)}")
     out, start = {}, 0
     for name in names:
-        out[name] = list(arrays[start:start + counts[name]])
-        start += counts[name]
+        out[name] = list(arrays[start:start + int(counts[name])])
+        start += int(counts[name])
     return out

@@ -176,7 +176,7 @@ class FedPersStrategy(ContractSide, Strategy):
     def message_config(self, server_round: int, **extra: Any) -> dict[str, Any]:
         """The config of a fit or evaluate message of ``server_round`` that carries the current broadcast:
         the round, the counts of the broadcast's sections, and ``extra``."""
-        if getattr(self, "_broadcast_counts", None) is None:
+        if self._broadcast_counts is None:  # no broadcast built yet
             self.download_arrays()
         return round_config(server_round, **self._broadcast_counts, **extra)
 
