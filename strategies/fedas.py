@@ -1,7 +1,7 @@
 """FedAS (Yang et al., CVPR 2024), server side: client synchronization by Fisher information.
 
 The shared part is the feature extractor (``backbone``; FedAS's ``model.base``), the classifier stays on
-every client. Each sampled client uploads its trained feature extractor and, as one extra array, the
+every client. Each sampled client uploads its trained feature extractor and, in the section ``fisher_trace``, the
 trace of the empirical Fisher information of its trained model on its data
 (:func:`fedpers.algorithms.fedas.fisher_trace`). The server aggregates the extractors weighted by those
 traces, ``theta = sum_k FIM_k theta_k / sum_j FIM_j`` (the authors' ``aggregate_wrt_fisher``,
