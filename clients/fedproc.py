@@ -22,6 +22,7 @@ from clients.server_state import ServerStateClient
 from fedpers.algorithms import fedproc
 from fedpers.algorithms.fedproc import fedproc_weight, prototype_contrastive_loss
 from fedpers.algorithms.prototypes import class_prototypes
+from fedpers.errors import ClientUpdateError
 from fedpers.federation import get_federation
 from fedpers.training import backbone_features
 
@@ -32,8 +33,12 @@ class FedProcClient(ServerStateClient):
     contract = fedproc.CONTRACT
 
     def on_download(self) -> None:
-        """Global prototypes and which classes have one."""
-        protos, available = self.server_state
+        """Global prototypes and which classes have one (one array in each of their sections)."""
+        protos, mask = self.received["global_prototypes"], self.received["prototype_mask"]
+        if len(protos) != 1 or len(mask) != 1:
+            raise ClientUpdateError(f"client {self.partition_id}: server broadcast: expected one prototypes and one "
+                                    f"mask array, got {len(protos)} and {len(mask)}")
+        protos, available = protos[0], mask[0]
         self.prototypes = torch.as_tensor(protos, dtype=torch.float32, device=self.device)
         self.available = torch.as_tensor(available > 0, device=self.device)
 

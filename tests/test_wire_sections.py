@@ -102,3 +102,16 @@ def test_the_server_rejects_an_upload_whose_sections_are_not_declared_or_miscoun
     assert rejected({**metrics, "arrays:model": half - 1, "arrays:control_delta": half + 1}) == 1  # wrong shapes
     assert rejected({k: v for k, v in metrics.items() if k != "arrays:control_delta"}) == 1  # a section missing
     assert rejected({**metrics, "arrays:extra": 0}) == 1  # an undeclared section
+
+
+def test_a_fedproc_client_refuses_sections_that_hold_the_wrong_number_of_arrays():
+    from clients.fedproc import FedProcClient
+    from strategies.fedproc import FedProcStrategy
+
+    cfg = build_config(tiny_overrides(method="fedproc", aux_size=0))
+    strategy = FedProcStrategy(cfg, get_federation(cfg))
+    params = strategy.download_arrays()
+    config = strategy.message_config(1)
+    moved = {**config, "arrays:global_prototypes": 2, "arrays:prototype_mask": 0}  # same total, wrong split
+    with pytest.raises(ClientUpdateError, match="client 0: server broadcast: expected one prototypes and one mask"):
+        FedProcClient(cfg, make_context(0, cfg.num_clients)).fit(params, moved)
