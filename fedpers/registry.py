@@ -2,8 +2,9 @@
 
 Classes and key tables are named by import path: reading the registry imports no method, and a config
 is validated against the methods' keys (``fedpers/algorithms/<method>.py:KEYS``, see :mod:`fedpers.config`)
-without importing Flower, a strategy or a client (the math modules import torch). A new method is one line here plus its files in
-``strategies/``, ``clients/`` and ``fedpers/algorithms/`` (see "Adding a method" in CONTRIBUTING.md).
+without importing Flower, a strategy or a client (the math modules import torch). A new method is one
+entry here plus its files in ``strategies/``, ``clients/`` and ``fedpers/algorithms/`` (see "Adding a
+method" in CONTRIBUTING.md).
 What a method is judged by (``metric``) and the model it trains (``model_kind``) are declared by its
 classes; ``needs_aux`` stays here because config validation reads it without importing them.
 """

@@ -43,34 +43,42 @@ class Key:
 
 
 def positive(v: float) -> str | None:
+    """Range check of a Key: None when ``v`` is > 0, else the problem."""
     return None if v > 0 else "must be > 0"
 
 
 def non_negative(v: float) -> str | None:
+    """Range check of a Key: None when ``v`` is >= 0, else the problem."""
     return None if v >= 0 else "must be >= 0"
 
 
 def at_least_one(v: int) -> str | None:
+    """Range check of a Key: None when ``v`` is >= 1, else the problem."""
     return None if v >= 1 else "must be >= 1"
 
 
 def unit_interval_open_left(v: float) -> str | None:
+    """Range check of a Key: None when ``v`` is in (0, 1], else the problem."""
     return None if 0 < v <= 1 else "must be in (0, 1]"
 
 
 def unit_interval_open(v: float) -> str | None:
+    """Range check of a Key: None when ``v`` is in (0, 1), else the problem."""
     return None if 0 < v < 1 else "must be in (0, 1)"
 
 
 def unit_interval(v: float) -> str | None:
+    """Range check of a Key: None when ``v`` is in [0, 1], else the problem."""
     return None if 0 <= v <= 1 else "must be in [0, 1]"
 
 
 def unit_interval_open_right(v: float) -> str | None:
+    """Range check of a Key: None when ``v`` is in [0, 1), else the problem."""
     return None if 0 <= v < 1 else "must be in [0, 1)"
 
 
 def one_of(*choices: str) -> Callable[[str], str | None]:
+    """Choice check of a Key: None when the value is one of ``choices``, else the problem."""
     def check(v: str) -> str | None:
         return None if v in choices else f"must be one of {', '.join(choices)}"
 
