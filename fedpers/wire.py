@@ -152,7 +152,7 @@ def split_sections(arrays: list, entries: Mapping[str, Any], names: tuple[str, .
     """The sections ``names`` of a received message's ``arrays``, split by the counts in ``entries`` (its
     config or metrics). A message of one section may come without counts (all arrays are that section).
     Raises SectionError naming what differs from the declaration."""
-    counts = {key[len(ARRAYS_PREFIX):]: value for key, value in entries.items() if key.startswith(ARRAYS_PREFIX)}
+    counts = {key[len(ARRAYS_PREFIX):]: value for key, value in section_counts_of(entries).items()}
     if not counts and len(names) == 1:
         return {names[0]: list(arrays)}
     if set(counts) != set(names):

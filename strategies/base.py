@@ -145,8 +145,12 @@ class FedPersStrategy(ContractSide, Strategy):
         """Aggregate the validated updates, keyed by the partition id that sent them (default:
         ``aggregate_updates`` with the config's rule); methods that upload server state next to the model
         (SCAFFOLD, FedDC, FedProc) aggregate it here, per-client methods (pFedSim) keep them by client."""
-        return aggregate_updates([(u.model, u.num_examples) for u in updates.values()], self.cfg.aggregation,
-                                 self.cfg.trim_fraction)
+        return aggregate_updates(self.model_updates(updates), self.cfg.aggregation, self.cfg.trim_fraction)
+
+    @staticmethod
+    def model_updates(updates: Updates) -> list[tuple[list[np.ndarray], int]]:
+        """(model section, sample count) of each validated upload, in arrival order."""
+        return [(u.model, u.num_examples) for u in updates.values()]
 
     def upload_section_shapes(self) -> dict[str, list[tuple[int, ...]]]:
         """The shapes every upload's sections must have, by name (default: the model section's); a section

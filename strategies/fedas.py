@@ -39,7 +39,7 @@ class FedASStrategy(FedPersStrategy):
     def aggregate(self, server_round: int, updates: Updates) -> list[np.ndarray]:
         """Fisher-trace-weighted mean of the uploaded backbones."""
         valid = list(updates.values())
-        models = [(u.model, u.num_examples) for u in valid]
+        models = self.model_updates(updates)
         if self.cfg.aggregation != "mean":
             return aggregate_updates(models, self.cfg.aggregation, self.cfg.trim_fraction)
         traces = [float(np.asarray(u.sections["fisher_trace"][0]).reshape(-1)[0]) for u in valid]

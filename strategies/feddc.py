@@ -28,9 +28,9 @@ class FedDCStrategy(ServerStateStrategy):
         """g = 0."""
         return zeros_like(get_arrays(self.model, "all"))
 
-    def extra_upload_shapes(self) -> dict[str, list[tuple[int, ...]]]:
-        """Delta g_i has the model's shapes."""
-        return {"update_rate_delta": array_shapes(self.model, "all")}
+    def upload_section_shapes(self) -> dict[str, list[tuple[int, ...]]]:
+        """The model's shapes; delta g_i has the model's shapes."""
+        return {**super().upload_section_shapes(), "update_rate_delta": array_shapes(self.model, "all")}
 
     def aggregate(self, server_round: int, updates: Updates):
         """w = mean(theta_i + h_i); g += |S|/N mean(Delta g_i)."""

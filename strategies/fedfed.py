@@ -103,11 +103,6 @@ class FedFedStrategy(FedPersStrategy):
         self._round.setdefault("extras", {})["fedfed_shared_samples"] = int(len(self.shared_y))
         return super().aggregate(server_round, updates)
 
-    def upload_section_shapes(self) -> dict[str, list[tuple[int, ...]]]:
-        """The model's shapes; the shared features' vary (checked in :meth:`aggregate`), their section has
-        one array each."""
-        return {MODEL_SECTION: self.upload_shapes}
-
     def extra_state(self) -> dict[str, Any]:  # checkpoint
         return {"fedfed_shared_x": self.shared_x, "fedfed_shared_y": self.shared_y,
                 "fedfed_sharers": np.asarray(sorted(self.sharers), np.int64)}

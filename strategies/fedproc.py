@@ -31,10 +31,10 @@ class FedProcStrategy(ServerStateStrategy):
         c, f = self._dims()
         return [np.zeros((c, f), np.float32), np.zeros(c, np.float32)]
 
-    def extra_upload_shapes(self) -> dict[str, list[tuple[int, ...]]]:
-        """Local prototypes (C x F) and class counts (C,)."""
+    def upload_section_shapes(self) -> dict[str, list[tuple[int, ...]]]:
+        """The model's shapes, local prototypes (C x F) and class counts (C,)."""
         c, f = self._dims()
-        return {"class_prototypes": [(c, f)], "class_counts": [(c,)]}
+        return {**super().upload_section_shapes(), "class_prototypes": [(c, f)], "class_counts": [(c,)]}
 
     def aggregate(self, server_round: int, updates: Updates):
         """Model average; count-weighted prototype average."""

@@ -32,9 +32,9 @@ class ScaffoldStrategy(ServerStateStrategy):
         """c = 0 (Alg. 1 line 1)."""
         return zeros_like(get_arrays(self.model, "all"))
 
-    def extra_upload_shapes(self) -> dict[str, list[tuple[int, ...]]]:
-        """Delta c_i has the model's shapes."""
-        return {"control_delta": array_shapes(self.model, "all")}
+    def upload_section_shapes(self) -> dict[str, list[tuple[int, ...]]]:
+        """The model's shapes; delta c_i has the model's shapes."""
+        return {**super().upload_section_shapes(), "control_delta": array_shapes(self.model, "all")}
 
     def aggregate(self, server_round: int, updates: Updates):
         """Alg. 1 lines 16-17."""

@@ -19,7 +19,7 @@ from strategies.fedavg import FedAvgStrategy
 class ServerStateStrategy(FedAvgStrategy):
     """Whole-model FedAvg whose broadcast is ``model + server state`` (the sections after the model in
     ``broadcast_sections``, :meth:`server_sections`) and whose uploads are ``model + client sections``
-    (shapes :meth:`extra_upload_shapes`)."""
+    (their shapes: :meth:`upload_section_shapes`)."""
 
     def prepare_global_model(self) -> None:
         """Initial server state for the initial model."""
@@ -44,23 +44,10 @@ class ServerStateStrategy(FedAvgStrategy):
             return {names[0]: list(self.server_state)}
         return {name: [array] for name, array in zip(names, self.server_state)}  # one array per section
 
-    def extra_upload_shapes(self) -> dict[str, list[tuple[int, ...]]]:
-        """Shapes of the sections a client uploads next to its model, by name (default: none)."""
-        return {}
-
-    def upload_section_shapes(self) -> dict[str, list[tuple[int, ...]]]:
-        """The model section's shapes and :meth:`extra_upload_shapes`."""
-        return {MODEL_SECTION: self.upload_shapes, **self.extra_upload_shapes()}
-
     def broadcast_content(self) -> dict[str, list[np.ndarray]]:
         """The model, then the server state."""
         return {MODEL_SECTION: get_arrays(self.model, "all"),
                 **{name: [np.asarray(a) for a in arrays] for name, arrays in self.server_sections().items()}}
-
-    @staticmethod
-    def model_updates(updates: Updates) -> list[tuple[list[np.ndarray], int]]:
-        """(model section, sample count) of each validated upload, in arrival order."""
-        return [(u.model, u.num_examples) for u in updates.values()]
 
     @staticmethod
     def section_updates(updates: Updates, name: str) -> list[tuple[list[np.ndarray], int]]:

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from flwr.app import Context, RecordDict
 from torch import nn
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
@@ -23,6 +24,12 @@ def shared_data() -> Path:
     if not (SHARED_DATA / "mnist.npz").is_file():
         pytest.skip(f"real datasets not present at {SHARED_DATA}")
     return SHARED_DATA
+
+
+def make_context(pid: int, num: int) -> Context:
+    """A Flower Context of the node holding partition ``pid`` of ``num`` (fresh, empty state)."""
+    return Context(run_id=1, node_id=100 + pid, node_config={"partition-id": pid, "num-partitions": num},
+                   state=RecordDict(), run_config={})
 
 
 def tiny_overrides(**extra):

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from flwr.app import Context, RecordDict
 from torch import nn
 
 from clients.ditto import PERSONAL_STATE as DITTO_STATE, DittoClient
@@ -25,14 +24,10 @@ from fedpers.losses import squared_distance
 from fedpers.models import get_arrays, parameter_names
 from fedpers.registry import METHODS
 from strategies.base import FedPersStrategy
-from tests.conftest import ROOT, TinyNet, arrays_equal, tiny_overrides, toy_data
+from tests.conftest import ROOT, TinyNet, arrays_equal, make_context, tiny_overrides, toy_data
 
 BASELINES = ("ditto", "pfedme", "fedrep", "fedbabu", "fedala")
 
-
-def make_context(pid: int, num: int) -> Context:
-    return Context(run_id=1, node_id=100 + pid, node_config={"partition-id": pid, "num-partitions": num},
-                   state=RecordDict(), run_config={})
 
 
 def tiny_cfg(method: str, **extra):

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from flwr.app import Context, RecordDict
 from flwr.common import Code, FitIns, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 from torch import nn
 
@@ -27,14 +26,10 @@ from fedpers.models import array_shapes, get_arrays, parameter_names
 from fedpers.registry import METHODS
 from fedpers.wire import join_sections
 from strategies.base import FedPersStrategy, Upload, parameters_nbytes
-from tests.conftest import TinyNet, arrays_equal, tiny_overrides, toy_data
+from tests.conftest import TinyNet, arrays_equal, make_context, tiny_overrides, toy_data
 
 METHODS_MORE = ("fedproto", "pfedsim", "fedas", "fedfed")
 
-
-def make_context(pid: int, num: int) -> Context:
-    return Context(run_id=1, node_id=100 + pid, node_config={"partition-id": pid, "num-partitions": num},
-                   state=RecordDict(), run_config={})
 
 
 def tiny_cfg(method: str, **extra):

@@ -10,12 +10,8 @@ from fedpers.config import build_config
 from fedpers.federation import get_federation
 from fedpers.models import build_model, get_arrays, parameter_names
 from strategies.pfedkdh import PFedKDHStrategy
-from tests.conftest import tiny_overrides
+from tests.conftest import make_context, tiny_overrides
 
-
-def make_context(pid: int, num: int) -> Context:
-    return Context(run_id=1, node_id=100 + pid, node_config={"partition-id": pid, "num-partitions": num},
-                   state=RecordDict(), run_config={})
 
 
 @pytest.fixture

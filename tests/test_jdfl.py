@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from flwr.app import Context, RecordDict
 
 from fedpers.algorithms.jdfl import (adjusted_rand_index, centroid_similarity_weights, class_of_joint,
                                      class_only_accuracy, class_only_predictions, default_alpha,
@@ -20,7 +19,7 @@ from fedpers.federation import get_federation
 from fedpers.models import array_shapes, build_model, layer_subset_names
 from fedpers.registry import JDFL_BASES, client_class_for, strategy_class_for
 from fedpers.wire import float_row
-from tests.conftest import tiny_overrides
+from tests.conftest import make_context as context, tiny_overrides
 
 C = 3
 
@@ -31,10 +30,6 @@ def domain_overrides(**extra):
     base.update(extra)
     return base
 
-
-def context(pid: int, num: int) -> Context:
-    return Context(run_id=1, node_id=100 + pid, node_config={"partition-id": pid, "num-partitions": num},
-                   state=RecordDict(), run_config={})
 
 
 # --- targets --------------------------------------------------------------------------------------------

@@ -4,7 +4,6 @@ handling, without a Flower run. End-to-end runs: tests/test_simulation.py (every
 import numpy as np
 import pytest
 import torch
-from flwr.app import Context, RecordDict
 
 from clients.feddc import FedDCClient
 from clients.feddyn import FedDynClient
@@ -22,16 +21,12 @@ from fedpers.models import get_arrays
 from strategies.base import Upload
 from strategies.feddyn import FedDynStrategy
 from strategies.scaffold import ScaffoldStrategy
-from tests.conftest import tiny_overrides
+from tests.conftest import make_context as context, tiny_overrides
 
 
 def arr(*v):
     return np.array(v, dtype=np.float64)
 
-
-def context(pid: int, num: int) -> Context:
-    return Context(run_id=1, node_id=100 + pid, node_config={"partition-id": pid, "num-partitions": num},
-                   state=RecordDict(), run_config={})
 
 
 # --- SCAFFOLD -------------------------------------------------------------------------------------------

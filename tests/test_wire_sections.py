@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import Context, RecordDict
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 from hypothesis import given
 from hypothesis import strategies as st
@@ -15,12 +14,8 @@ from fedpers.errors import ClientUpdateError
 from fedpers.federation import get_federation
 from fedpers.wire import SectionError, join_sections, section_counts_of, split_sections
 from strategies.scaffold import ScaffoldStrategy
-from tests.conftest import tiny_overrides
+from tests.conftest import make_context, tiny_overrides
 
-
-def make_context(pid: int, num: int) -> Context:
-    return Context(run_id=1, node_id=100 + pid, node_config={"partition-id": pid, "num-partitions": num},
-                   state=RecordDict(), run_config={})
 
 
 def arrays(n, value=0.0):
