@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import functools
 
 from fedpers.errors import ConfigError
-from fedpers.registry import EXTENSIONS, JDFL_BASES, METHODS
+from fedpers.registry import EXTENSIONS, METHODS
 from fedpers.schema import (CORE_KEYS, Config, Key, Schema, Value, coerce_value,  # noqa: F401 (re-exported)
                             load_yaml, parse_id_list, parse_set_arguments, read_yaml_text)
 
@@ -30,11 +30,13 @@ def check_method(values: Mapping[str, Value]) -> None:
 
 
 def check_method_combinations(values: Mapping[str, Value]) -> None:
-    """JDFL wraps only the global optimizers of ``JDFL_BASES``; a method that needs Ds needs aux_size > 0."""
+    """An extension (JDFL) wraps only the methods its ``ExtensionSpec.wraps`` names; a method that needs Ds
+    needs aux_size > 0."""
     spec = METHODS[str(values["method"])]
-    if values.get("jdfl", "off") != "off" and spec.name not in JDFL_BASES:
-        raise ConfigError(f"config key 'jdfl': JDFL wraps a global optimizer ({', '.join(JDFL_BASES)}), "
-                          f"not method '{spec.name}'")
+    for extension in EXTENSIONS:
+        if extension.applies(values) and spec.name not in extension.wraps:
+            raise ConfigError(f"config key '{extension.name}': {extension.name.upper()} wraps only "
+                              f"{', '.join(extension.wraps)}, not method '{spec.name}'")
     if spec.needs_aux and values["aux_size"] == 0 and values["partition"] != "file":
         raise ConfigError(
             f"config key 'aux_size': method '{spec.name}' needs the server's auxiliary set Ds; set aux_size > 0"

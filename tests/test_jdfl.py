@@ -212,7 +212,7 @@ def test_config_and_registry_compose_jdfl_with_a_base():
     off = build_config(domain_overrides(method="scaffold"))
     assert strategy_class_for(off) is ScaffoldStrategy
     assert set(JDFL_BASES) >= {"fedavg", "scaffold", "feddyn", "feddc", "fedproc"}
-    with pytest.raises(ConfigError, match="JDFL wraps a global optimizer"):
+    with pytest.raises(ConfigError, match="config key 'jdfl': JDFL wraps only fedavg, scaffold, .*not method 'fedper'"):
         build_config(domain_overrides(method="fedper", jdfl="graded"))
     with pytest.raises(ConfigError, match="jdfl"):
         build_config(domain_overrides(jdfl="soft"))
