@@ -53,6 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--value", choices=("final", "best", "last5"), default="final",
                      help="final round (default), best evaluated round, or mean of the last 5 evaluated rounds")
     rep.add_argument("--metric", help="one accuracy for every row, e.g. personalized_weighted_acc or global_acc")
+    rep.add_argument("--versus", metavar="LABEL",
+                     help="also write versus.md: every row against row LABEL, paired over the clients of a split")
     show = sub.add_parser("config", help="print the resolved config")
     show.add_argument("config", nargs="?")
     show.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
@@ -202,7 +204,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     """Table and figures of a sweep directory."""
     from fedpers.report import report
 
-    for path in report(args.dir, value=args.value, metric=args.metric):
+    for path in report(args.dir, value=args.value, metric=args.metric, versus=args.versus):
         print(f"report | wrote {path}")
     return 0
 

@@ -10,6 +10,12 @@
   paper's Fig. 2).
 * ``ablation_<dataset>_a<alpha>.png`` (sweeps with ``ablation: true``): bars in row order with the change
   from the previous bar (the paper's Fig. 3).
+* ``versus.md`` (``--versus LABEL``): every other row against row LABEL, paired over the clients of the same
+  split (same seed): the difference of the per-client accuracies at the last common round and averaged over
+  the last 5 common evaluated rounds, its standard error over clients and the clients higher / lower / equal.
+  One seed's split cannot show the seed-to-seed spread; this says whether a gap is consistent across clients
+  or rests on a few of them (e.g. a client with 6 test samples moves a 20-client macro mean by 0.83 points
+  per sample).
 """
 
 from __future__ import annotations
@@ -203,14 +209,102 @@ def write_splits(sweep: Sweep, cells: dict, out: Path) -> list[Path]:
     return paths
 
 
-def report(out: str | Path, *, value: str = "final", metric: str | None = None) -> list[Path]:
+def paired_client_difference(ours: dict[str, float], reference: dict[str, float]) -> dict[str, float]:
+    """Paired comparison of two runs' per-client accuracies (fractions) on the same split: over the clients
+    both evaluated (K), the mean of ``ours - reference`` in points (for all clients evaluated, the difference
+    of the two personalized macro accuracies), its standard error over clients (sample std of the per-client
+    differences / sqrt(K)), and how many clients are higher, lower or equal. No paper equation: a diagnostic
+    for issue 15's "is the gap within the spread"."""
+    clients = sorted(set(ours) & set(reference), key=str)
+    if not clients:
+        return {"clients": 0}
+    diffs = 100.0 * np.array([float(ours[c]) - float(reference[c]) for c in clients])
+    se = float(diffs.std(ddof=1) / np.sqrt(len(diffs))) if len(diffs) > 1 else float("nan")
+    return {"clients": len(diffs), "diff": float(diffs.mean()), "se": se,
+            "higher": int(np.sum(diffs > 1e-9)), "lower": int(np.sum(diffs < -1e-9)),
+            "equal": int(np.sum(np.abs(diffs) <= 1e-9))}
+
+
+def _per_client_curve(run_dir: str) -> dict[int, dict[str, float]]:
+    """Round -> per-client accuracy of a run's evaluated rounds that have them."""
+    return {r["round"]: r["per_client_acc"] for r in read_metrics(run_dir) if r.get("per_client_acc")}
+
+
+def _mean_of_clients(curve: dict[int, dict[str, float]], rounds: list[int]) -> dict[str, float]:
+    clients = set.intersection(*[set(curve[r]) for r in rounds])
+    return {c: float(np.mean([curve[r][c] for r in rounds])) for c in clients}
+
+
+def _reads_per_client(entry: MethodEntry) -> bool:
+    return entry.metric in (None, "", "personalized_macro_acc")
+
+
+def write_versus(sweep: Sweep, runs: list[PlannedRun], reference: str, out: Path) -> Path:
+    """``versus.md``: each row against row ``reference``, paired per client (:func:`paired_client_difference`)
+    at their last common evaluated round and over their last 5 common evaluated rounds, per dataset, alpha
+    and seed with both runs finished."""
+    entries = {m.label: m for m in sweep.methods}
+    if reference not in entries:
+        raise ConfigError(f"report: --versus {reference!r} is not a row of the sweep (rows: "
+                          f"{', '.join(entries)})")
+    # per_client_acc holds the accuracies behind personalized_macro_acc: a row reading another metric of
+    # its run (pFedKDH-Fair) has no per-client values of its own, and rows sharing a run get one line
+    if not _reads_per_client(entries[reference]):
+        raise ConfigError(f"report: --versus {reference!r} reads metric {entries[reference].metric!r}, which "
+                          "has no per-client accuracies (per_client_acc is of personalized_macro_acc)")
+    def finished(entry: MethodEntry, d: str, a: float) -> dict[int, PlannedRun]:
+        return {r.seed: r for r in _runs_for(entry, d, a, runs) if (Path(r.run_dir) / "summary.json").exists()}
+
+    def cell(result: dict[str, float]) -> str:
+        if not result.get("clients"):
+            return "– | – | –"
+        return (f"{result['diff']:+.2f} | {result['se']:.2f} | "
+                f"{result['higher']}/{result['lower']}/{result['equal']}")
+
+    lines = [f"Each row against **{reference}**, paired over the clients of the same split (per-client "
+             "personalized accuracy, `per_client_acc`): mean per-client difference in points (row - "
+             f"{reference}), its standard error over clients, and clients higher/lower/equal; at the last "
+             "common evaluated round and averaged over the last 5 common evaluated rounds. Finished runs only; "
+             "the seed-to-seed spread needs more seeds.", "",
+             "| method | split | seed | K | round | diff | SE | higher/lower/equal | last 5 rounds | diff | SE "
+             "| higher/lower/equal |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for d, a in _columns(sweep):
+        base = finished(entries[reference], d, a)
+        compared = {entries[reference].run_key}
+        for m in sweep.methods:
+            if m.run_key in compared or not _reads_per_client(m):
+                continue
+            compared.add(m.run_key)
+            for seed, run in sorted(finished(m, d, a).items()):
+                if seed not in base:
+                    continue
+                ours, ref = _per_client_curve(run.run_dir), _per_client_curve(base[seed].run_dir)
+                common = sorted(set(ours) & set(ref))
+                if not common:
+                    lines.append(f"| {m.label} | {dataset_tag(d)} α={a:g} | {seed} | – | – | no per-client "
+                                 "accuracies in both runs | | | | | | |")
+                    continue
+                last, last5 = common[-1], common[-5:]
+                at_last = paired_client_difference(ours[last], ref[last])
+                over5 = paired_client_difference(_mean_of_clients(ours, last5), _mean_of_clients(ref, last5))
+                lines.append(f"| {m.label} | {dataset_tag(d)} α={a:g} | {seed} | {at_last.get('clients', 0)} | "
+                             f"{last} | {cell(at_last)} | {last5[0]}-{last5[-1]} | {cell(over5)} |")
+    path = out / "versus.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def report(out: str | Path, *, value: str = "final", metric: str | None = None,
+           versus: str | None = None) -> list[Path]:
     """Write the table and figures of the sweep in ``out``; returns the files written. ``value``: which
     value of each run (``final``, ``best``, ``last5``); ``metric``: one accuracy for every row instead of
-    each row's own (e.g. ``personalized_weighted_acc``)."""
+    each row's own (e.g. ``personalized_weighted_acc``); ``versus``: a row's label, to write ``versus.md``
+    (:func:`write_versus`)."""
     if value not in VALUES:
         raise ConfigError(f"report: value must be one of {', '.join(VALUES)}, got {value!r}")
     out = Path(out)
     sweep, runs = read_plan(out)
     cells = collect(sweep, runs, value=value, metric=metric)
     md, csv_path = write_tables(sweep, cells, out, value=value, metric=metric)
-    return [md, csv_path, *write_figures(sweep, cells, out), *write_splits(sweep, cells, out)]
+    extra = [write_versus(sweep, runs, versus, out)] if versus else []
+    return [md, csv_path, *extra, *write_figures(sweep, cells, out), *write_splits(sweep, cells, out)]

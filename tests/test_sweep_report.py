@@ -9,7 +9,7 @@ import pytest
 
 from fedpers.config import build_config
 from fedpers.errors import ConfigError
-from fedpers.report import report
+from fedpers.report import paired_client_difference, report
 from fedpers.results import ResultsWriter, accuracy_summary
 from fedpers.sweep import load_sweep, plan, write_plan
 from tests.conftest import ROOT
@@ -27,11 +27,13 @@ ablation: true
 """
 
 
-def fake_run(run, accs):
-    """Write the files a finished run leaves, with given per-round accuracies (fractions)."""
+def fake_run(run, accs, per_client=None):
+    """Write the files a finished run leaves, with given per-round accuracies (fractions) and, optionally,
+    per-round per-client accuracies."""
     writer = ResultsWriter(run.run_dir)
     history = [{"round": r, "global_acc": acc - 0.1, "personalized_macro_acc": acc,
-                "personalized_macro_acc_fair": acc - 0.05, "per_client_acc": {}, "train_loss": 1.0,
+                "personalized_macro_acc_fair": acc - 0.05,
+                "per_client_acc": per_client[r - 1] if per_client else {}, "train_loss": 1.0,
                 "bytes_up": 1, "bytes_down": 1, "round_seconds": 1.0} for r, acc in enumerate(accs, 1)]
     for record in history:
         writer.append_round(record)
@@ -163,3 +165,37 @@ def test_two_jobs_give_the_same_tables_as_one(tmp_path):
         tables[jobs] = ((out / "table.md").read_text(), (out / "table.csv").read_text())
     assert "2 at a time" in proc.stdout
     assert tables[1] == tables[2] and "| fedper |" in tables[1][0]
+
+
+def test_paired_client_difference_exact_values():
+    ours = {"0": 0.90, "1": 0.80, "2": 1.00, "3": 0.50}
+    reference = {"0": 0.85, "1": 0.80, "2": 0.90, "3": 0.55, "9": 0.1}  # client 9: only in one run, left out
+    result = paired_client_difference(ours, reference)
+    # differences in points: +5, 0, +10, -5 -> mean 2.5; sample std sqrt(((2.5)^2+(2.5)^2+(7.5)^2+(7.5)^2)/3)
+    assert result["clients"] == 4 and result["diff"] == pytest.approx(2.5)
+    assert result["se"] == pytest.approx(np.sqrt((2 * 2.5**2 + 2 * 7.5**2) / 3) / 2)
+    assert (result["higher"], result["lower"], result["equal"]) == (2, 1, 1)
+    assert paired_client_difference({"0": 1.0}, {"1": 1.0}) == {"clients": 0}
+
+
+def test_report_versus_pairs_clients_of_the_same_split(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(SWEEP)
+    sweep = load_sweep(path)
+    out = tmp_path / "out"
+    write_plan(sweep, out)
+    for run in plan(sweep, out):
+        if run.overrides["method"] == "fedavg":  # per-client 0.8 / 0.6 every round
+            fake_run(run, [0.7] * 6, [{"0": 0.8, "1": 0.6}] * 6)
+        else:  # client 0 gains 10 points in the last round only, client 1 is 5 points lower throughout
+            fake_run(run, [0.7] * 6, [{"0": 0.8, "1": 0.55}] * 5 + [{"0": 0.9, "1": 0.55}])
+    report(out, versus="fedavg")
+    versus = (out / "versus.md").read_text()
+    # last round: +10 and -5 -> +2.50 ± 7.50 (std 10.61 / sqrt 2); last 5 rounds (2-6): +2 and -5 -> -1.50 ± 3.50
+    assert "| pFedKDH-EA | digits α=0.5 | 0 | 2 | 6 | +2.50 | 7.50 | 1/1/0 | 2-6 | -1.50 | 3.50 | 1/1/0 |" in versus
+    assert versus.count("| pFedKDH-EA |") == 4  # 2 alphas x 2 seeds
+    assert "| pFedKDH-Fair |" not in versus  # reads another metric of EA's run: no per-client values of its own
+    with pytest.raises(ConfigError, match="--versus 'FedAvg' is not a row of the sweep"):
+        report(out, versus="FedAvg")
+    with pytest.raises(ConfigError, match="'pFedKDH-Fair' reads metric 'personalized_macro_acc_fair'"):
+        report(out, versus="pFedKDH-Fair")
