@@ -46,6 +46,15 @@ def fake_run(run, accs, per_client=None):
                           "client_label_counts": {"0": {"train": [3, 1]}, "1": {"train": [0, 4]}}})
 
 
+def planned_sweep(tmp_path, text, out):
+    """Write sweep ``text`` to a file, write its plan to ``out`` and return its planned runs."""
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    sweep = load_sweep(path)
+    write_plan(sweep, out)
+    return plan(sweep, out)
+
+
 def test_plan_dedupes_rows_sharing_runs_and_validates(tmp_path):
     path = tmp_path / "s.yaml"
     path.write_text(SWEEP)
@@ -66,12 +75,8 @@ def test_plan_dedupes_rows_sharing_runs_and_validates(tmp_path):
 
 
 def test_report_table_and_figures(tmp_path):
-    path = tmp_path / "s.yaml"
-    path.write_text(SWEEP)
-    sweep = load_sweep(path)
     out = tmp_path / "out"
-    write_plan(sweep, out)
-    for run in plan(sweep, out):
+    for run in planned_sweep(tmp_path, SWEEP, out):
         base = 0.9 if run.overrides["method"] == "pfedkdh" else 0.8
         if run.alpha == 1.0 and run.seed == 1 and run.overrides["method"] == "fedavg":
             continue  # an unfinished run is left out, not counted as zero
@@ -91,12 +96,8 @@ def test_report_table_and_figures(tmp_path):
 
 
 def test_report_best_value_one_metric_for_all_rows_paper_columns_and_splits(tmp_path):
-    path = tmp_path / "s.yaml"
-    path.write_text(SWEEP.replace("ablation: true", "paper:\n  fedavg: {digits_a0.5: 75.0}"))
     out = tmp_path / "out"
-    sweep = load_sweep(path)
-    write_plan(sweep, out)
-    for run in plan(sweep, out):
+    for run in planned_sweep(tmp_path, SWEEP.replace("ablation: true", "paper:\n  fedavg: {digits_a0.5: 75.0}"), out):
         fake_run(run, [0.9, 0.95, 0.7])  # best evaluated round: 2
     report(out, value="best")
     table = (out / "table.md").read_text()
@@ -179,12 +180,8 @@ def test_paired_client_difference_exact_values():
 
 
 def test_report_versus_pairs_clients_of_the_same_split(tmp_path):
-    path = tmp_path / "s.yaml"
-    path.write_text(SWEEP)
-    sweep = load_sweep(path)
     out = tmp_path / "out"
-    write_plan(sweep, out)
-    for run in plan(sweep, out):
+    for run in planned_sweep(tmp_path, SWEEP, out):
         if run.overrides["method"] == "fedavg":  # per-client 0.8 / 0.6 every round
             fake_run(run, [0.7] * 6, [{"0": 0.8, "1": 0.6}] * 6)
         else:  # client 0 gains 10 points in the last round only, client 1 is 5 points lower throughout
