@@ -11,7 +11,8 @@
 * ``ablation_<dataset>_a<alpha>.png`` (sweeps with ``ablation: true``): bars in row order with the change
   from the previous bar (the paper's Fig. 3).
 * ``versus.md`` (``--versus LABEL``): every other row against row LABEL, paired over the clients of the same
-  split (same seed): the difference of the per-client accuracies at the last common round and averaged over
+  split (same seed, same clients' label counts and ``aux_size``; other runs are listed as not paired): the
+  difference of the per-client accuracies at the last common round and averaged over
   the last 5 common evaluated rounds, its standard error over clients and the clients higher / lower / equal.
   One seed's split cannot show the seed-to-seed spread; this says whether a gap is consistent across clients
   or rests on a few of them (e.g. a client with 6 test samples moves a 20-client macro mean by 0.83 points
@@ -193,19 +194,24 @@ def write_figures(sweep: Sweep, cells: dict, out: Path) -> list[Path]:
 
 
 def write_splits(sweep: Sweep, cells: dict, out: Path) -> list[Path]:
-    """``split_<dataset>_a<alpha>_seed<s>.png``: the clients x classes counts of each split of the sweep
-    (the runs of one dataset, alpha and seed share their split: it is drawn from the first finished one)."""
+    """``split_<dataset>_a<alpha>_seed<s>.png``: the clients x classes counts of each split of the sweep,
+    drawn from the first finished run of a dataset, alpha and seed. A row whose runs split the data otherwise
+    (e.g. it sets ``aux_size``, which removes the server's set from the clients first) gets its own figure,
+    ``split_<dataset>_a<alpha>_seed<s>_<row's run key>.png``."""
     from fedpers.run_figures import label_distribution_png
 
     paths = []
     for d, a in _columns(sweep):
-        drawn: set[int] = set()
+        drawn: dict[int, list] = {}
         for m in sweep.methods:
             for seed, counts in cells[(m.label, d, a)]["splits"].items():
-                if seed not in drawn:
-                    drawn.add(seed)
-                    path = label_distribution_png(counts, out / f"split_{dataset_tag(d)}_a{a:g}_seed{seed}.png")
-                    paths += [path] if path else []
+                if counts in drawn.setdefault(seed, []):
+                    continue
+                suffix = f"_{m.run_key}" if drawn[seed] else ""
+                drawn[seed].append(counts)
+                path = label_distribution_png(counts,
+                                              out / f"split_{dataset_tag(d)}_a{a:g}_seed{seed}{suffix}.png")
+                paths += [path] if path else []
     return paths
 
 
@@ -235,6 +241,21 @@ def _mean_of_clients(curve: dict[int, dict[str, float]], rounds: list[int]) -> d
     return {c: float(np.mean([curve[r][c] for r in rounds])) for c in clients}
 
 
+def _split_difference(run_dir: str, reference_dir: str) -> str | None:
+    """Why two runs of one dataset, alpha and seed do not share their clients' data (None when they do, as
+    far as their summaries tell): pairing their clients would compare different data."""
+    ours, ref = (json.loads((Path(d) / "summary.json").read_text()) for d in (run_dir, reference_dir))
+    if ours.get("aux_size", 0) != ref.get("aux_size", 0):
+        return f"another split (aux_size {ours.get('aux_size', 0)} vs {ref.get('aux_size', 0)})"
+    counts = ours.get("client_label_counts"), ref.get("client_label_counts")
+    if all(counts) and counts[0] != counts[1]:  # summaries written before the counts were recorded lack them
+        return "another split (the clients' label counts differ)"
+    sizes = ours.get("client_train_sizes"), ref.get("client_train_sizes")
+    if all(sizes) and sizes[0] != sizes[1]:
+        return "another split (the clients' train sizes differ)"
+    return None
+
+
 def _reads_per_client(entry: MethodEntry) -> bool:
     return entry.metric in (None, "", "personalized_macro_acc")
 
@@ -242,7 +263,8 @@ def _reads_per_client(entry: MethodEntry) -> bool:
 def write_versus(sweep: Sweep, runs: list[PlannedRun], reference: str, out: Path) -> Path:
     """``versus.md``: each row against row ``reference``, paired per client (:func:`paired_client_difference`)
     at their last common evaluated round and over their last 5 common evaluated rounds, per dataset, alpha
-    and seed with both runs finished."""
+    and seed with both runs finished. Runs whose clients hold other data (another ``aux_size``, other label
+    counts) are listed as not paired."""
     entries = {m.label: m for m in sweep.methods}
     if reference not in entries:
         raise ConfigError(f"report: --versus {reference!r} is not a row of the sweep (rows: "
@@ -277,6 +299,11 @@ def write_versus(sweep: Sweep, runs: list[PlannedRun], reference: str, out: Path
             compared.add(m.run_key)
             for seed, run in sorted(finished(m, d, a).items()):
                 if seed not in base:
+                    continue
+                other_split = _split_difference(run.run_dir, base[seed].run_dir)
+                if other_split:
+                    lines.append(f"| {m.label} | {dataset_tag(d)} α={a:g} | {seed} | – | – | not paired: "
+                                 f"{other_split} | | | | | | |")
                     continue
                 ours, ref = _per_client_curve(run.run_dir), _per_client_curve(base[seed].run_dir)
                 common = sorted(set(ours) & set(ref))

@@ -27,9 +27,9 @@ ablation: true
 """
 
 
-def fake_run(run, accs, per_client=None):
+def fake_run(run, accs, per_client=None, label_counts=None):
     """Write the files a finished run leaves, with given per-round accuracies (fractions) and, optionally,
-    per-round per-client accuracies."""
+    per-round per-client accuracies and the clients' label counts."""
     writer = ResultsWriter(run.run_dir)
     history = [{"round": r, "global_acc": acc - 0.1, "personalized_macro_acc": acc,
                 "personalized_macro_acc_fair": acc - 0.05,
@@ -43,7 +43,9 @@ def fake_run(run, accs, per_client=None):
                                                       "personalized_macro_acc": accs[-1],
                                                       "personalized_macro_acc_fair": accs[-1] - 0.05},
                           **accuracy_summary(history),
-                          "client_label_counts": {"0": {"train": [3, 1]}, "1": {"train": [0, 4]}}})
+                          "aux_size": run.overrides.get("aux_size", 50),
+                          **({} if label_counts is False else {"client_label_counts": label_counts or {
+                              "0": {"train": [3, 1]}, "1": {"train": [0, 4]}}})})
 
 
 def planned_sweep(tmp_path, text, out):
@@ -196,3 +198,32 @@ def test_report_versus_pairs_clients_of_the_same_split(tmp_path):
         report(out, versus="FedAvg")
     with pytest.raises(ConfigError, match="'pFedKDH-Fair' reads metric 'personalized_macro_acc_fair'"):
         report(out, versus="pFedKDH-Fair")
+
+
+def test_report_versus_does_not_pair_runs_on_another_split(tmp_path):
+    """A row that removes a server set from the clients (aux_size) or whose clients hold other label counts
+    is listed as not paired, and its split gets its own figure."""
+    text = SWEEP.replace("alphas: [0.5, 1.0]", "alphas: [0.5]").replace("seeds: [0, 1]", "seeds: [0]").replace(
+        "  - {label: pFedKDH-EA, method: pfedkdh, set: {variant: ea}}",
+        "  - {label: pFedKDH-EA, method: pfedkdh, set: {variant: ea}}\n"
+        "  - {label: FedPer more Ds, method: fedper, set: {aux_size: 80}}\n"
+        "  - {label: FedPer other counts, method: fedper, set: {lr: 0.5}}\n"
+        "  - {label: FedPer no counts, method: fedper, set: {lr: 0.7}}")
+    out = tmp_path / "out"
+    for run in planned_sweep(tmp_path, text, out):
+        aux, lr = run.overrides.get("aux_size", 50), run.overrides.get("lr")
+        counts = {"0": {"train": [3, 1]}, "1": {"train": [0, 4]}}
+        if aux == 80 or lr == 0.5:
+            counts = {"0": {"train": [2, 1]}, "1": {"train": [0, 4]}}
+        if lr == 0.7:  # a summary written before the counts were recorded: nothing tells the splits apart
+            counts = False
+        fake_run(run, [0.7] * 2, [{"0": 0.8, "1": 0.6}] * 2, label_counts=counts)
+    report(out, versus="fedavg")
+    versus = (out / "versus.md").read_text()
+    assert "| FedPer more Ds | digits α=0.5 | 0 | – | – | not paired: another split (aux_size 80 vs 50) |" in versus
+    assert ("| FedPer other counts | digits α=0.5 | 0 | – | – | not paired: another split (the clients' label "
+            "counts differ) |") in versus
+    assert "| pFedKDH-EA | digits α=0.5 | 0 | 2 | 2 | +0.00 | 0.00 | 0/0/2 |" in versus
+    assert "| FedPer no counts | digits α=0.5 | 0 | 2 | 2 | +0.00 | 0.00 | 0/0/2 |" in versus
+    figures = sorted(p.name for p in out.glob("split_*.png"))
+    assert figures == ["split_digits_a0.5_seed0.png", "split_digits_a0.5_seed0_fedper_aux_size=80.png"]
