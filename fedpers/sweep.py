@@ -26,7 +26,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +153,11 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, datasets: list[s
     return sweep
 
 
+def run_dir_of(out: str | Path, run_key: str, dataset: str, alpha: float, seed: int) -> Path:
+    """Where a sweep in ``out`` keeps one run."""
+    return Path(out) / "runs" / run_key / f"{dataset_tag(dataset)}_a{alpha:g}" / f"seed{seed}"
+
+
 def plan(sweep: Sweep, out: str | Path) -> list[PlannedRun]:
     """Every distinct run of the sweep, in a stable order: a whole table column (every method of one
     seed, dataset and alpha) before the next, so that an unfinished sweep leaves whole columns."""
@@ -161,7 +166,7 @@ def plan(sweep: Sweep, out: str | Path) -> list[PlannedRun]:
         for dataset in sweep.datasets:
             for alpha in sweep.alphas:
                 for entry in sweep.methods:
-                    run_dir = Path(out) / "runs" / entry.run_key / f"{dataset_tag(dataset)}_a{alpha:g}" / f"seed{seed}"
+                    run_dir = run_dir_of(out, entry.run_key, dataset, alpha, seed)
                     overrides = {**sweep.base, "method": entry.method, **entry.set, "dataset": dataset,
                                  "alpha": alpha, "seed": seed, "out_dir": str(run_dir)}
                     key = (entry.run_key, dataset, alpha, seed)
@@ -179,7 +184,8 @@ def write_plan(sweep: Sweep, out: str | Path) -> Path:
 
 
 def read_plan(out: str | Path) -> tuple[Sweep, list[PlannedRun]]:
-    """Inverse of :func:`write_plan`."""
+    """Inverse of :func:`write_plan`, with every run found under ``out`` itself: a sweep directory copied or
+    moved elsewhere (committed results, another machine) still holds its runs, wherever they were run."""
     path = Path(out) / "sweep.json"
     if not path.is_file():
         raise ConfigError(f"{out} holds no sweep.json: run `fedpers sweep` first")
@@ -188,7 +194,9 @@ def read_plan(out: str | Path) -> tuple[Sweep, list[PlannedRun]]:
         s = raw["sweep"]
         sweep = Sweep([MethodEntry(**m) for m in s["methods"]], s["datasets"], s["alphas"], s["seeds"], s["base"],
                       s["ablation"], s.get("paper", {}))
-        return sweep, [PlannedRun(**r) for r in raw["runs"]]
+        runs = [PlannedRun(**r) for r in raw["runs"]]
+        return sweep, [replace(r, run_dir=str(run_dir_of(out, r.run_key, r.dataset, r.alpha, r.seed)))
+                       for r in runs]
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path} is not a sweep.json written by `fedpers sweep` ({type(exc).__name__}); "
                           "run `fedpers sweep` again to rewrite it") from None

@@ -227,3 +227,20 @@ def test_report_versus_does_not_pair_runs_on_another_split(tmp_path):
     assert "| FedPer no counts | digits α=0.5 | 0 | 2 | 2 | +0.00 | 0.00 | 0/0/2 |" in versus
     figures = sorted(p.name for p in out.glob("split_*.png"))
     assert figures == ["split_digits_a0.5_seed0.png", "split_digits_a0.5_seed0_fedper_aux_size=80.png"]
+
+
+def test_report_finds_the_runs_of_a_sweep_directory_moved_elsewhere(tmp_path):
+    """sweep.json names the run directories where the sweep ran; a copied or moved sweep directory (as the
+    committed studies are) reports its own copies of the runs, not the originals (gone here)."""
+    import shutil
+
+    ran_in = tmp_path / "ran_in"
+    for run in planned_sweep(tmp_path, SWEEP, ran_in):
+        fake_run(run, [0.5, 0.9 if run.overrides["method"] == "fedavg" else 0.6])
+    moved = tmp_path / "results" / "study"
+    shutil.copytree(ran_in, moved)
+    shutil.rmtree(ran_in)
+    report(moved)
+    table = (moved / "table.md").read_text()
+    assert "| fedavg | **80.00±0.00** | **80.00±0.00** |" in table  # global_acc = accuracy - 0.1
+    assert "| pFedKDH-EA | 60.00±0.00 | 60.00±0.00 |" in table
