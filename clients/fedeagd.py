@@ -15,7 +15,8 @@ The EMA teacher is client state (``context.state``, saved once as an ``ArrayReco
 rounds and never sent. A client has no history before its first participation, so that round has no
 distillation term and the teacher starts as the extractor it trained (ours; the summary does not say).
 Ablations (config keys): ``fedeagd_teacher=false`` (no teacher: plain CE), ``fedeagd_kd_weighting=fixed``
-(every sample gets ``fedeagd_kd_fixed``), ``fedeagd_fusion=always|off``.
+(every sample gets ``fedeagd_kd_fixed``), ``fedeagd_fusion=always|off``; ``fedeagd_residual_init=default``
+starts the residual's output layer at PyTorch's init instead of zeros.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from torch import nn
 
 from clients.base import FedPersClient
 from fedpers.algorithms.fedeagd import ema_update, fedeagd_coefficients, fusion_coefficient, historical_distillation
-from fedpers.models import set_arrays
+from fedpers.models import get_arrays, set_arrays
 from fedpers.training import eval_mode_features, frozen_copy
 from fedpers.wire import BACKBONE_ONLY, server_round_of
 
@@ -46,6 +47,9 @@ class FedEAGDClient(FedPersClient):
 
     def __init__(self, cfg, context):
         super().__init__(cfg, context)
+        if cfg.fedeagd_residual_init == "default":
+            self.model.reset_residual_output(cfg.seed)
+            self._initial_personal = get_arrays(self.model, self.persistent_part)  # phi_k^0 with that init
         self.teacher: nn.Module | None = None
         self._drift_sum = 0.0
         self._coef_sum = 0.0

@@ -102,7 +102,7 @@ class SECNN(nn.Module):
     ``feature_dim``) with an SE module (reduction 8) after each conv block, which gives 2,152,748
     parameters for 3x32x32 inputs and ``feature_dim`` 512 (-468, -0.02%). The residual is a bottleneck
     MLP ``feature_dim -> feature_dim/4 -> feature_dim`` whose last layer starts at zero, so switching the
-    gate on does not perturb the features (ours). ``fusion`` is a plain attribute set each round by the
+    gate on does not perturb the features (ours; :meth:`reset_residual_output` gives it the default init). ``fusion`` is a plain attribute set each round by the
     client (the schedule of :func:`fedpers.algorithms.fedeagd.fusion_coefficient`), not model state.
     """
 
@@ -126,6 +126,13 @@ class SECNN(nn.Module):
         nn.init.zeros_(self.residual[2].bias)
         self.head = nn.Linear(feature_dim, num_classes)
         self.fusion = 0.0
+
+    def reset_residual_output(self, seed: int) -> None:
+        """Give the residual's output layer PyTorch's default Linear init instead of zeros, drawn from
+        ``seed`` so that every client starts from the same residual (``fedeagd_residual_init: default``)."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.residual[2].reset_parameters()
 
     def classify(self, z: torch.Tensor) -> torch.Tensor:
         """Logits from shared features ``z``: the gated residual fusion, then the head."""

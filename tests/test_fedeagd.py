@@ -374,3 +374,21 @@ def test_untrained_squeeze_excitation_gate_is_nearly_open():
     assert gate.min() > 0.85 and gate.mean() > 0.9
     torch.nn.init.zeros_(se.fc2.weight)
     torch.testing.assert_close(se(x), x * torch.sigmoid(torch.tensor(SE_GATE_BIAS)))
+
+
+def test_residual_init_key_starts_the_output_layer_at_zero_or_at_the_seeded_default():
+    zero_cfg, default_cfg = fedeagd_cfg(), fedeagd_cfg(fedeagd_residual_init="default")
+    zero = FedEAGDClient(zero_cfg, make_context(0, zero_cfg.num_clients))
+    first, second = (FedEAGDClient(default_cfg, make_context(k, default_cfg.num_clients)) for k in (0, 1))
+    w0, b0, w_zero, b_zero = get_arrays(zero.model, "residual")
+    assert not w_zero.any() and not b_zero.any()  # ours: opening the gate leaves the features as they are
+    w0d, b0d, w_out, b_out = get_arrays(first.model, "residual")
+    np.testing.assert_array_equal(w0d, w0)  # only the output layer is re-drawn
+    np.testing.assert_array_equal(b0d, b0)
+    bound = 1 / np.sqrt(w_out.shape[1])  # PyTorch's Linear init: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+    assert w_out.any() and np.abs(w_out).max() <= bound and np.abs(b_out).max() <= bound
+    for a, b in zip(get_arrays(first.model, "personal"), get_arrays(second.model, "personal")):
+        np.testing.assert_array_equal(a, b)  # every client starts from the same residual
+    # a client without saved state starts each round from that init, not from the zeros
+    for a, b in zip(first.personal_arrays(), get_arrays(first.model, "personal")):
+        np.testing.assert_array_equal(a, b)

@@ -49,6 +49,10 @@ KEYS: tuple[Key, ...] = (
     Key("fedeagd_fusion", str, "progressive",
         "FedEAGD residual fusion: progressive | always (ablation: on from round 0) | off (ablation)",
         one_of("progressive", "always", "off")),
+    Key("fedeagd_residual_init", str, "zero",
+        "FedEAGD residual's output layer at the start: zero (opening the gate does not perturb the "
+        "features) | default (PyTorch's Linear init, seeded; the gate's ramp then eases it in) (ours: zero)",
+        one_of("zero", "default")),
 )
 
 DistillForm = Literal["cosine", "mse"]
