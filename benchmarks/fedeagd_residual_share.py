@@ -1,6 +1,6 @@
 """How much FedEAGD's personalized residual changes each client's model at the end of a run (issue 15).
 
-For a finished (or checkpointed) FedEAGD run directory of an image dataset: the server checkpoint's shared
+For a finished FedEAGD run directory of an image dataset: the server checkpoint's shared
 extractor theta_g, each client's persistent residual r_k and head h_k (its client state), and the client's
 own test split (the run's ``partition.npz``). Per client it prints the mean ratio ||alpha r_k(z)|| / ||z||
 with z = theta_g(x) and alpha the gate of the checkpointed round, and the share of its test samples whose
@@ -35,8 +35,12 @@ def main() -> int:
     args = parser.parse_args()
     if args.out.exists():
         sys.exit(f"fedeagd_residual_share: {args.out} exists; results are never overwritten")
-    summary_or_config = args.run_dir / "summary.json"
-    cfg = json.loads(summary_or_config.read_text())["config"]
+    summary = args.run_dir / "summary.json"
+    if not summary.is_file():
+        sys.exit(f"fedeagd_residual_share: {summary} does not exist; the run has not finished")
+    cfg = json.loads(summary.read_text())["config"]
+    if cfg["method"] != "fedeagd":
+        sys.exit(f"fedeagd_residual_share: {args.run_dir} is a {cfg['method']} run, not fedeagd")
     checkpoint = np.load(args.run_dir / "checkpoint" / "server_checkpoint.npz")
     partition = np.load(args.run_dir / "partition.npz")
     data = load_npz(args.data)
