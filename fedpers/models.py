@@ -102,8 +102,9 @@ class SECNN(nn.Module):
     ``feature_dim``) with an SE module (reduction 8) after each conv block, which gives 2,152,748
     parameters for 3x32x32 inputs and ``feature_dim`` 512 (-468, -0.02%). The residual is a bottleneck
     MLP ``feature_dim -> feature_dim/4 -> feature_dim`` whose last layer starts at zero, so switching the
-    gate on does not perturb the features (ours; :meth:`reset_residual_output` gives it the default init). ``fusion`` is a plain attribute set each round by the
-    client (the schedule of :func:`fedpers.algorithms.fedeagd.fusion_coefficient`), not model state.
+    gate on does not perturb the features (ours; :meth:`reset_residual_output` gives it the default
+    init). ``fusion`` is a plain attribute set each round by the client (the schedule of
+    :func:`fedpers.algorithms.fedeagd.fusion_coefficient`), not model state.
     """
 
     def __init__(self, in_channels: int, image_size: tuple[int, int], num_classes: int,
