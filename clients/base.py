@@ -97,8 +97,13 @@ class FedPersClient(ContractSide, NumPyClient):
         # local model, pFedSim's local model) set the digest of the state they evaluated here, in
         # evaluate_personalized: the server compares it with the one their last fit reported.
         self.evaluated_digest: str | None = None
+        self.initialise_model()
         # The persistent part's initial value (phi_k^0): the seeded init, identical on every client.
         self._initial_personal = get_arrays(self.model, self.persistent_part) if self.persistent_part else None
+
+    def initialise_model(self) -> None:
+        """A method's own change to the freshly built model's init, before phi_k^0 is taken from it (none
+        by default); it must draw only from ``cfg.seed`` so that every client starts alike."""
 
     # --- persistent per-client state ----------------------------------------------------------
     # Every saved version carries the round it was saved in. While a message of round t is handled, state

@@ -30,7 +30,7 @@ from torch import nn
 
 from clients.base import FedPersClient
 from fedpers.algorithms.fedeagd import ema_update, fedeagd_coefficients, fusion_coefficient, historical_distillation
-from fedpers.models import get_arrays, set_arrays
+from fedpers.models import set_arrays
 from fedpers.training import eval_mode_features, frozen_copy
 from fedpers.wire import BACKBONE_ONLY, server_round_of
 
@@ -47,14 +47,16 @@ class FedEAGDClient(FedPersClient):
 
     def __init__(self, cfg, context):
         super().__init__(cfg, context)
-        if cfg.fedeagd_residual_init == "default":
-            self.model.reset_residual_output(cfg.seed)
-            self._initial_personal = get_arrays(self.model, self.persistent_part)  # phi_k^0 with that init
         self.teacher: nn.Module | None = None
         self._drift_sum = 0.0
         self._coef_sum = 0.0
         self._drift_max = 0.0
         self._seen = 0
+
+    def initialise_model(self) -> None:
+        """``fedeagd_residual_init: default``: the residual's output layer at PyTorch's seeded init."""
+        if self.cfg.fedeagd_residual_init == "default":
+            self.model.reset_residual_output(self.cfg.seed)
 
     # --- round settings -----------------------------------------------------------------------
     def set_round(self, server_round: int) -> float:
