@@ -273,19 +273,54 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedpers: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("fedpers: interrupted", file=sys.stderr)
+        _say_interrupted()
         exit_now(130)
     return 130  # not reached
 
 
+# After Ctrl-C, this long for the run to unwind (Flower stops its Ray actors, Ray shuts down) before the
+# command ends anyway (ours): ray.shutdown() has no timeout and, on a busy machine, has taken 40 s and more.
+INTERRUPT_GRACE_S = 10.0
+_interrupted = False
+_said_interrupted = False
+
+
 def _interrupt(signum, frame) -> None:
-    """Ctrl-C: silence Flower's logger, then stop the way Python does (KeyboardInterrupt).
+    """Ctrl-C: silence Flower's logger, make sure a simulation ends within :data:`INTERRUPT_GRACE_S`,
+    then stop the way Python does (KeyboardInterrupt).
 
     Flower's simulation engine stops its Ray actors as the interrupt unwinds through it, and its worker
     threads log every message the stopped actors drop with a full traceback. The run is ending on purpose
-    and says so in one line (``fedpers: interrupted``)."""
+    and says so in one line (``fedpers: interrupted``). In a simulation a second Ctrl-C (a sweep's run gets
+    the terminal's and then the sweep's) changes nothing: the first one's deadline stands; in a deployment
+    it cuts the graceful stop of its processes short, as before."""
+    global _interrupted
+    simulating = "ray" in sys.modules  # only a simulation has Ray to wait for; a deployment stops its own
+    if _interrupted and simulating:
+        return
+    _interrupted = True
     logging.getLogger("flwr").disabled = True
+    if simulating:
+        import threading
+
+        threading.Thread(target=_end_after, args=(INTERRUPT_GRACE_S,), name="fedpers-interrupt-deadline",
+                         daemon=True).start()
     raise KeyboardInterrupt
+
+
+def _end_after(seconds: float) -> None:
+    """The interrupt's deadline: if the command is still unwinding after ``seconds``, end it and all it
+    started now (every results file is written line by line, every checkpoint atomically)."""
+    time.sleep(seconds)
+    if not _said_interrupted:
+        print(f"fedpers: interrupted (ended after {seconds:.0f} s of shutting down)", file=sys.stderr, flush=True)
+    _end(130)
+
+
+def _say_interrupted() -> None:
+    global _said_interrupted
+    _said_interrupted = True
+    print("fedpers: interrupted", file=sys.stderr, flush=True)
 
 
 def exit_now(code: int) -> None:
@@ -300,7 +335,16 @@ def exit_now(code: int) -> None:
     if ray is not None and ray.is_initialized():
         stopper = threading.Thread(target=ray.shutdown, daemon=True)
         stopper.start()
-        stopper.join(timeout=20)
+        stopper.join(timeout=5)
+    _end(code)
+
+
+def _end(code: int) -> None:
+    """Kill whatever this process started that is still alive (Ray's processes when its shutdown did not
+    finish), flush and exit with ``code``."""
+    from fedpers.processes import kill_own_tree
+
+    kill_own_tree()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

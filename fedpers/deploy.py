@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from fedpers.errors import FedpersError
+from fedpers.processes import descendants, signal_pids
 
 FEDERATION = "fedpers"  # name of the SuperLink connection in the private FLWR_HOME
 FLWR_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
@@ -243,14 +244,14 @@ class Proc:
         """SIGTERM the process, its group and its descendants; SIGKILL what is left after ``grace``; reap."""
         try:
             if self.popen.returncode is None:  # not reaped: our PID/pgid, safe to signal
-                tree = _descendants(self.pid)
+                tree = descendants(self.pid)
                 if self.alive():
                     _signal_group(self.pid, sig)
-                    _signal_pids(tree, sig)
+                    signal_pids(tree, sig)
                     end = time.monotonic() + grace
                     while self.alive() and time.monotonic() < end:
                         time.sleep(0.1)
-                _signal_pids(_descendants(self.pid) + tree, signal.SIGKILL)
+                signal_pids(descendants(self.pid) + tree, signal.SIGKILL)
                 _signal_group(self.pid, signal.SIGKILL)  # the leader is at most a zombie: pgid still ours
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     self.popen.wait(timeout=grace)
@@ -273,12 +274,6 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-def _signal_pids(pids: Iterable[int], sig: int) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
-
-
 def wait_for_port(host: str, port: int, timeout: float, proc: Proc | None = None) -> None:
     """Block until ``host:port`` accepts TCP connections."""
     end = time.monotonic() + timeout
@@ -289,23 +284,6 @@ def wait_for_port(host: str, port: int, timeout: float, proc: Proc | None = None
             return
         time.sleep(0.3)
     raise FedpersError(f"nothing listens on {host}:{port} after {timeout:.0f} s")
-
-
-def _descendants(pid: int) -> list[int]:
-    """PIDs of every live descendant of ``pid`` (from /proc; empty where /proc is absent)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
 
 
 def _stop_tree(proc: "Proc", grace: float) -> None:

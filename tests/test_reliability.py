@@ -114,6 +114,42 @@ def test_sigint_after_the_first_round_ends_the_run(tmp_path):
     assert _session_processes(proc.pid) == []
 
 
+HUNG_SHUTDOWN = """
+import signal, subprocess, sys, time
+import ray  # noqa: F401  (a simulation: Ray is loaded)
+import fedpers.cli as cli
+cli.INTERRUPT_GRACE_S = 1.0
+child = subprocess.Popen(["sleep", "300"])  # stands for Ray's processes
+print(child.pid, flush=True)
+signal.signal(signal.SIGINT, cli._interrupt)
+try:
+    signal.raise_signal(signal.SIGINT)
+except KeyboardInterrupt:
+    pass
+signal.raise_signal(signal.SIGINT)  # a second Ctrl-C: no second KeyboardInterrupt, the deadline stands
+while True:  # a shutdown that never ends
+    time.sleep(0.1)
+"""
+
+
+def test_an_interrupted_simulation_whose_shutdown_hangs_ends_at_the_deadline_with_what_it_started():
+    proc = subprocess.Popen([sys.executable, "-c", HUNG_SHUTDOWN], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        started = time.monotonic()
+        stdout, stderr = proc.communicate(timeout=60)
+        took = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, stderr
+    assert stderr.splitlines() == ["fedpers: interrupted (ended after 1 s of shutting down)"], stderr
+    assert took < 30  # 1 s of grace after start-up (importing Ray), not the 300 s of the stand-in
+    sleeper = int(stdout.split()[0])
+    time.sleep(0.5)
+    assert [p for p in _session_processes(proc.pid) if p.split()[0] == str(sleeper)] == []
+
+
 @pytest.mark.simulation
 def test_sigint_ends_a_sweep_and_its_run_and_the_sweep_resumes_inside_the_run(tmp_path):
     sweep = tmp_path / "s.yaml"
