@@ -1,6 +1,6 @@
 """Refactoring safety net: short digits runs of every method (and JDFL over two optimizers) give the numbers
 recorded in ``tests/fixtures/regression`` (``python -m tests.regression_runs`` records them). Counts, ids and
-accuracies must be equal; other floats equal to 1e-9 relative (a reordered sum may move the last bits)."""
+accuracies must be equal; other floats (losses, drift statistics) equal to :data:`LOSS_REL_TOL`."""
 
 from __future__ import annotations
 
@@ -11,9 +11,14 @@ import pytest
 
 from tests.regression_runs import FIXTURES, overrides_of, run, run_names
 
+# Recorded on an earlier session's machine; re-run on an AMD EPYC (AVX2, the same torch 2.14.1 and MKL) every
+# accuracy of every run was the same and the losses moved by at most 7.7e-7 relative (MKL's and ATen's
+# vector kernels sum in another order). A change of a method's arithmetic moves them by far more.
+LOSS_REL_TOL = 1e-5
+
 
 def differences(expected, got, where: str = "") -> list[str]:
-    """Where ``got`` differs from ``expected`` (exact, except floats that are not accuracies: 1e-9 rel)."""
+    """Where ``got`` differs from ``expected`` (exact, except floats that are not accuracies: ``LOSS_REL_TOL``)."""
     if isinstance(expected, dict) and isinstance(got, dict):
         if set(expected) != set(got):
             return [f"{where}: keys {sorted(set(expected) ^ set(got))} differ"]
@@ -23,7 +28,7 @@ def differences(expected, got, where: str = "") -> list[str]:
             return [f"{where}: {len(expected)} items recorded, {len(got)} now"]
         return [d for i, (e, g) in enumerate(zip(expected, got)) for d in differences(e, g, f"{where}[{i}]")]
     if (isinstance(expected, float) and isinstance(got, float) and "acc" not in where
-            and math.isclose(expected, got, rel_tol=1e-9, abs_tol=0.0)):
+            and math.isclose(expected, got, rel_tol=LOSS_REL_TOL, abs_tol=0.0)):
         return []
     return [] if expected == got and type(expected) is type(got) else [f"{where}: recorded {expected!r}, now {got!r}"]
 
@@ -33,7 +38,8 @@ def test_every_method_has_a_recorded_run():
 
 
 def test_differences_names_the_field_that_moved():
-    assert differences({"acc": 0.5, "loss": 1.0}, {"acc": 0.5, "loss": 1.0 + 1e-12}) == []
+    assert differences({"acc": 0.5, "loss": 1.0}, {"acc": 0.5, "loss": 1.0 + 1e-6}) == []
+    assert differences({"loss": 1.0}, {"loss": 1.0 + 1e-4}) == [f".loss: recorded 1.0, now {1.0 + 1e-4!r}"]
     assert differences({"acc": 0.5}, {"acc": 0.5 + 1e-12}) == [f".acc: recorded 0.5, now {0.5 + 1e-12!r}"]
     assert differences({"n": 3}, {"n": 3.0}) == [".n: recorded 3, now 3.0"]
 
