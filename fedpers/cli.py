@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 
 import yaml
@@ -302,8 +303,6 @@ def _interrupt(signum, frame) -> None:
     _interrupted = True
     logging.getLogger("flwr").disabled = True
     if simulating:
-        import threading
-
         threading.Thread(target=_end_after, args=(INTERRUPT_GRACE_S,), name="fedpers-interrupt-deadline",
                          daemon=True).start()
     raise KeyboardInterrupt
@@ -330,8 +329,6 @@ def exit_now(code: int) -> None:
     A plain return would make the interpreter join Flower's threads at exit (the ServerApp thread and its
     thread pool wait for replies that never come once the engine has stopped), which hangs for minutes.
     Every results file is written line by line with a flush, so nothing half-written is left behind."""
-    import threading
-
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         stopper = threading.Thread(target=ray.shutdown, daemon=True)
