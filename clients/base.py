@@ -13,6 +13,7 @@ Flower talks to :func:`message_client`, which also runs the evaluation a fit mes
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from logging import INFO
@@ -33,6 +34,7 @@ from fedpers.models import Part, build_model, get_arrays, set_arrays
 from fedpers.schema import Config, parse_id_list
 from fedpers.state_store import ClientStateStore, config_fingerprint, state_dir_of
 from fedpers.training import evaluate, resolve_device, seed_everything, sgd, train_epochs
+from fedpers.results import VALIDATION_PREFIX
 from fedpers.validation import corrupt_update
 from fedpers.wire import (MODEL_SECTION, WHOLE_MODEL, Contract, ContractSide, SectionError, carried_metrics,
                           evaluate_round_of, join_sections, round_config, section_counts_of, server_round_of,
@@ -280,9 +282,26 @@ class FedPersClient(ContractSide, NumPyClient):
             metrics["state_digest"] = arrays_digest(get_arrays(self.model, self.persistent_part))
         acc, loss, extra = self.evaluate_personalized(generator)
         metrics.update(acc=float(acc), **extra)
+        if self.data.val is not None:
+            metrics.update(self.validation_metrics(server_round))
         if self.evaluated_digest is not None:
             metrics["state_digest"] = self.evaluated_digest
         return float(loss), len(self.data.test), metrics
+
+    def validation_metrics(self, server_round: int) -> dict[str, float]:
+        """The method's own evaluation (:meth:`evaluate_personalized`) once more, on the validation split in
+        place of the test split, as ``val_acc``, ``val_loss`` and ``val_acc_<name>``. The evaluation stream is
+        seeded anew so that any evaluation-time adaptation (pFedKDH-EA's head steps, FedBABU's fine-tuning)
+        is the very one whose test accuracy is reported: val and test accuracies are of one model."""
+        generator = seed_everything(self.cfg.seed, server_round, self.partition_id, seeds.CLIENT_EVALUATE)
+        on_test = self.data
+        self.data = dataclasses.replace(on_test, test=on_test.val)
+        try:
+            acc, loss, extra = self.evaluate_personalized(generator)
+        finally:
+            self.data = on_test
+        return {VALIDATION_PREFIX + "acc": float(acc), VALIDATION_PREFIX + "loss": float(loss),
+                **{VALIDATION_PREFIX + k: float(v) for k, v in extra.items()}}
 
 
 class _MessageClient(NumPyClient):

@@ -25,13 +25,14 @@ import torch
 
 from fedpers.data import Dataset, default_data_dir, load_dataset, save_npz_quietly
 from fedpers.errors import DataError
-from fedpers.partition import Partition, load_partition, make_partition
+from fedpers.partition import Partition, hold_out_validation, load_partition, make_partition
 from fedpers.schema import Config
+from fedpers.seeds import VALIDATION_SPLIT, derived_seed
 
 # Config keys that determine the data and the split (nothing else may change them).
 DATA_KEYS = ("dataset", "data_dir", "partition", "partition_file", "alpha", "classes_per_client",
              "min_samples_per_client", "num_clients", "aux_size", "seed", "flwr_partitioner",
-             "flwr_partitioner_args", "flwr_test_fraction")
+             "flwr_partitioner_args", "flwr_test_fraction", "val_fraction")
 
 
 @dataclass(frozen=True)
@@ -47,10 +48,11 @@ class Split:
 
 @dataclass(frozen=True)
 class ClientData:
-    """One client's train and test splits."""
+    """One client's train and test splits, and its validation split when one is held out (``val_fraction``)."""
 
     train: Split
     test: Split
+    val: Split | None = None
 
 
 class Federation:
@@ -101,9 +103,12 @@ class Federation:
     def client(self, partition_id: int, device: torch.device) -> ClientData:
         """Client ``partition_id``'s train/test tensors on ``device`` (built once, then reused)."""
         xtr, ytr, xte, yte = self._host_tensors()
+        val = self.partition.val
         return ClientData(
             self._split(("train", partition_id, str(device)), xtr, ytr, self.partition.train[partition_id], device),
-            self._split(("test", partition_id, str(device)), xte, yte, self.partition.test[partition_id], device))
+            self._split(("test", partition_id, str(device)), xte, yte, self.partition.test[partition_id], device),
+            None if val is None else
+            self._split(("val", partition_id, str(device)), xtr, ytr, val[partition_id], device))
 
     def aux(self, device: torch.device) -> Split:
         """The server's labelled auxiliary set Ds."""
@@ -121,17 +126,20 @@ class Federation:
         return self._split(("global test", str(device)), xte, yte, idx, device)
 
     def client_label_counts(self) -> dict[str, dict[str, list[int]]]:
-        """Each client's number of samples per class, in its train and its test split (the picture of the
-        split, as counts)."""
+        """Each client's number of samples per class, in its train and its test split, and in its
+        validation split when one is held out (the picture of the split, as counts)."""
         d = self.dataset
         if self.partition.index_space == "split":
             y_train, y_test = d.y_train, d.y_test
         else:
             y_train = y_test = np.concatenate([d.y_train, d.y_test])
         c = self.num_classes
-        return {str(k): {"train": np.bincount(y_train[tr], minlength=c).tolist(),
-                         "test": np.bincount(y_test[te], minlength=c).tolist()}
-                for k, (tr, te) in enumerate(zip(self.partition.train, self.partition.test))}
+        counts = {str(k): {"train": np.bincount(y_train[tr], minlength=c).tolist(),
+                           "test": np.bincount(y_test[te], minlength=c).tolist()}
+                  for k, (tr, te) in enumerate(zip(self.partition.train, self.partition.test))}
+        for k, va in enumerate(self.partition.val or ()):
+            counts[str(k)]["val"] = np.bincount(y_train[va], minlength=c).tolist()
+        return counts
 
     @functools.cached_property
     def _test_positions(self) -> list[np.ndarray]:
@@ -164,7 +172,8 @@ class Federation:
 @functools.lru_cache(maxsize=4)
 def _federation(dataset: str, data_dir: str, partition: str, partition_file: str, alpha: float,
                 classes_per_client: int, min_samples_per_client: int, num_clients: int, aux_size: int,
-                seed: int, flwr_partitioner: str, flwr_partitioner_args: str, flwr_test_fraction: float) -> Federation:
+                seed: int, flwr_partitioner: str, flwr_partitioner_args: str, flwr_test_fraction: float,
+                val_fraction: float) -> Federation:
     data = load_dataset(dataset, data_dir)
     if partition == "file":
         split = load_partition(partition_file, num_train=len(data.y_train), num_test=len(data.y_test))
@@ -189,6 +198,10 @@ def _federation(dataset: str, data_dir: str, partition: str, partition_file: str
             classes_per_client=classes_per_client, aux_size=aux_size, seed=seed,
             min_samples_per_client=min_samples_per_client, num_classes=data.num_classes,
         )
+    if val_fraction > 0:
+        train_labels = data.y_train if split.index_space == "split" else np.concatenate([data.y_train, data.y_test])
+        split = hold_out_validation(split, train_labels, val_fraction,
+                                    np.random.default_rng(derived_seed(seed, VALIDATION_SPLIT)))
     return Federation(data, split)
 
 
@@ -207,7 +220,7 @@ def get_federation(cfg: Config) -> Federation:
 # --------------------------------------------------------------------------------------------------
 # one client's slice, for processes that serve one message of one client
 # --------------------------------------------------------------------------------------------------
-SLICE_FORMAT = 1
+SLICE_FORMAT = 2  # 2: the validation split travels with the slice
 _client_view: contextvars.ContextVar["ClientSlice | None"] = contextvars.ContextVar("client_view", default=None)
 _built: set[tuple] = set()  # data-key values whose whole Federation this process has built
 
@@ -234,7 +247,8 @@ class ClientSlice:
             raise DataError(f"client slice of partition {self.partition_id} asked for partition {partition_id}")
         if str(device) not in self._on_device:
             a = {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in self._arrays.items()}
-            self._on_device[str(device)] = ClientData(Split(a["x_train"], a["y_train"]), Split(a["x_test"], a["y_test"]))
+            self._on_device[str(device)] = ClientData(Split(a["x_train"], a["y_train"]), Split(a["x_test"], a["y_test"]),
+                                                      Split(a["x_val"], a["y_val"]) if "x_val" in a else None)
         return self._on_device[str(device)]
 
 
@@ -283,6 +297,7 @@ def _read_slice(path: Path, keys: tuple, partition_id: int) -> ClientSlice | Non
     try:
         with np.load(path, allow_pickle=False) as f:
             arrays = {k: f[k] for k in ("x_train", "y_train", "x_test", "y_test")}
+            arrays.update({k: f[k] for k in ("x_val", "y_val") if k in f.files})
             meta = json.loads(str(f["meta"]))
     except (OSError, KeyError, ValueError):
         return None  # none yet, or unreadable: rebuilt from the dataset
@@ -294,5 +309,6 @@ def _write_slice(path: Path, fed: Federation, partition_id: int) -> None:
     the client state beside it."""
     data = fed.client(partition_id, torch.device("cpu"))
     meta = json.dumps({"num_clients": fed.num_clients, "num_classes": fed.num_classes})
+    val = {} if data.val is None else {"x_val": data.val.x.numpy(), "y_val": data.val.y.numpy()}
     save_npz_quietly(path, 0o600, x_train=data.train.x.numpy(), y_train=data.train.y.numpy(),
-                     x_test=data.test.x.numpy(), y_test=data.test.y.numpy(), meta=np.array(meta))
+                     x_test=data.test.x.numpy(), y_test=data.test.y.numpy(), meta=np.array(meta), **val)

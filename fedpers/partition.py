@@ -40,6 +40,9 @@ class Partition:
     test: tuple[np.ndarray, ...]
     aux: np.ndarray
     index_space: str = "split"
+    # each client's validation split (:func:`hold_out_validation`), in the index space of ``train`` and
+    # disjoint from it; None when no validation split is held out
+    val: tuple[np.ndarray, ...] | None = None
 
     @property
     def num_clients(self) -> int:
@@ -238,3 +241,34 @@ def _refuse_shared_samples(path, named: list[tuple[str, np.ndarray]]) -> None:
         first, second = owner[order][same[0]], owner[order][same[0] + 1]
         raise DataError(f"{path}: sample {int(indices[order][same[0]])} is in both {named[first][0]} and "
                         f"{named[second][0]}: a sample may belong to one client only")
+
+
+def hold_out_validation(partition: Partition, train_labels: np.ndarray, fraction: float,
+                        rng: np.random.Generator) -> Partition:
+    """Hold out ``fraction`` of each client's training samples as that client's validation split, never
+    trained on (hyperparameters are chosen on it, not on the test split).
+
+    Stratified by class: of each class a client holds ``n_c`` samples of, ``round(fraction * n_c)`` go to
+    validation, drawn at random. A client whose classes are all too small for that still gives one sample
+    when it has two or more, so that every client with data to spare has a validation split; a client's
+    last training sample is never taken. ``train_labels`` are the labels of the index space of
+    ``partition.train``. The draw depends only on ``rng`` and the partition."""
+    if not 0.0 < fraction < 1.0:
+        raise DataError(f"val_fraction must be in (0, 1), got {fraction}")
+    train, val = [], []
+    for idx in partition.train:
+        labels = train_labels[idx]
+        held: list[np.ndarray] = []
+        for c in np.unique(labels):
+            of_class = idx[labels == c]
+            take = int(np.floor(fraction * len(of_class) + 0.5))
+            held.append(rng.choice(of_class, size=min(take, len(of_class)), replace=False))
+        chosen = np.concatenate(held) if held else np.zeros(0, np.int64)
+        if len(chosen) == 0 and len(idx) >= 2:
+            chosen = rng.choice(idx, size=1, replace=False)
+        if len(chosen) >= len(idx):  # keep at least one training sample
+            chosen = chosen[: len(idx) - 1]
+        chosen = np.sort(chosen).astype(np.int64)
+        val.append(chosen)
+        train.append(np.setdiff1d(idx, chosen).astype(np.int64))
+    return Partition(tuple(train), partition.test, partition.aux, partition.index_space, tuple(val))

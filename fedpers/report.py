@@ -17,6 +17,10 @@
   One seed's split cannot show the seed-to-seed spread; this says whether a gap is consistent across clients
   or rests on a few of them (e.g. a client with 6 test samples moves a 20-client macro mean by 0.83 points
   per sample).
+* ``validation.md`` and ``curves_val_<dataset>_a<alpha>.png`` (runs with ``val_fraction`` > 0): each row's
+  accuracy on the clients' validation splits beside its test accuracy, and which row of each method (and
+  metric) has the highest validation accuracy, averaged over the last 5 evaluated rounds: the value chosen.
+  The test columns never take part in the choice.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from fedpers.errors import ConfigError
-from fedpers.results import read_metrics
+from fedpers.results import VALIDATION_PREFIX, read_metrics
 from fedpers.sweep import MethodEntry, PlannedRun, Sweep, dataset_tag, read_plan
 
 
@@ -40,6 +44,12 @@ def _metric_of(entry: MethodEntry, summary: dict, metric: str | None = None) -> 
     return metric or entry.metric or summary["metric"]
 
 
+def validation_metric(metric: str) -> str:
+    """The validation-split counterpart of a test metric: ``val_<metric>``; for the shared model's
+    ``global_acc``, its clients' mean accuracy on their validation splits (no global validation set)."""
+    return VALIDATION_PREFIX + ("personalized_macro_acc" if metric == "global_acc" else metric)
+
+
 # Which value of a run a table cell shows: the last round's (the pFedKDH paper's "final accuracy"), the best
 # evaluated round's (the JDFL paper's "maximum accuracy"), or the mean of the last 5 evaluated rounds.
 VALUES = {"final": "final", "best": "best", "last5": "mean_last_5_evaluated"}
@@ -47,10 +57,10 @@ VALUE_WORDS = {"final": "Final-round", "best": "Best-evaluated-round", "last5": 
 
 
 def collect(sweep: Sweep, runs: list[PlannedRun], *, value: str = "final",
-            metric: str | None = None) -> dict[tuple[str, str, float], dict]:
+            metric: str | None = None, validation: bool = False) -> dict[tuple[str, str, float], dict]:
     """(label, dataset, alpha) -> {"values": % per finished seed (``value`` of the row's metric, or of
-    ``metric`` for every row), "curves": per-round % per seed, "best": (round, %) per seed, "splits":
-    each finished seed's client label counts}."""
+    ``metric`` for every row; with ``validation``, of its :func:`validation_metric`), "curves": per-round %
+    per seed, "best": (round, %) per seed, "splits": each finished seed's client label counts}."""
     cells: dict[tuple[str, str, float], dict] = {}
     for entry in sweep.methods:
         for dataset in sweep.datasets:
@@ -62,6 +72,7 @@ def collect(sweep: Sweep, runs: list[PlannedRun], *, value: str = "final",
                         continue
                     summary = json.loads(summary_path.read_text())
                     name = _metric_of(entry, summary, metric)
+                    name = validation_metric(name) if validation else name
                     chosen = summary.get(VALUES[value], {}).get(name)
                     if chosen is None:
                         continue
@@ -134,8 +145,9 @@ def write_tables(sweep: Sweep, cells: dict, out: Path, *, value: str = "final",
     return out / "table.md", out / "table.csv"
 
 
-def write_figures(sweep: Sweep, cells: dict, out: Path) -> list[Path]:
-    """Accuracy-vs-round curves (mean ± std band) and, for ablation sweeps, the bar chart."""
+def write_figures(sweep: Sweep, cells: dict, out: Path, *, split: str = "test") -> list[Path]:
+    """Accuracy-vs-round curves (mean ± std band) and, for ablation sweeps, the bar chart; ``split="val"``:
+    the validation curves only (``curves_val_*.png``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -158,15 +170,16 @@ def write_figures(sweep: Sweep, cells: dict, out: Path) -> list[Path]:
             ax.fill_between(rounds, mean - std, mean + std, alpha=0.2)
             drawn = True
         if drawn:
-            ax.set(xlabel="communication round", ylabel="accuracy (%)", title=f"{dataset_tag(d)}, α = {a:g}")
+            ax.set(xlabel="communication round", ylabel=f"{'validation ' if split == 'val' else ''}accuracy (%)",
+                   title=f"{dataset_tag(d)}, α = {a:g}" + (" (clients' validation splits)" if split == "val" else ""))
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
-            path = out / f"curves_{dataset_tag(d)}_a{a:g}.png"
+            path = out / f"curves_{'val_' if split == 'val' else ''}{dataset_tag(d)}_a{a:g}.png"
             fig.tight_layout()
             fig.savefig(path, dpi=120)
             paths.append(path)
         plt.close(fig)
-        if sweep.ablation:
+        if sweep.ablation and split == "test":
             means = [np.mean(cells[(m.label, d, a)]["values"]) if cells[(m.label, d, a)]["values"] else np.nan
                      for m in sweep.methods]
             stds = [np.std(cells[(m.label, d, a)]["values"]) if cells[(m.label, d, a)]["values"] else 0.0
@@ -321,6 +334,54 @@ def write_versus(sweep: Sweep, runs: list[PlannedRun], reference: str, out: Path
     return path
 
 
+def has_validation(runs: list[PlannedRun]) -> bool:
+    """Whether any finished run of the sweep held out a validation split."""
+    for run in runs:
+        path = Path(run.run_dir) / "summary.json"
+        if path.exists() and (json.loads(path.read_text()).get("val_fraction") or 0) > 0:
+            return True
+    return False
+
+
+def write_validation(sweep: Sweep, runs: list[PlannedRun], out: Path) -> Path:
+    """``validation.md``: per column, each row's validation and test accuracy (mean ± std over seeds), and the
+    row each group of rows sharing a method and a metric would choose: the highest validation accuracy
+    averaged over the last 5 evaluated rounds (ours: less noisy than one round). Test accuracy is shown,
+    never used."""
+    val5 = collect(sweep, runs, value="last5", validation=True)
+    valf = collect(sweep, runs, value="final", validation=True)
+    test5 = collect(sweep, runs, value="last5")
+    testf = collect(sweep, runs, value="final")
+
+    def text(vals: list[float]) -> str:
+        return f"{np.mean(vals):.2f}±{np.std(vals):.2f}" if vals else "–"
+
+    lines = ["# Validation and test accuracy", "",
+             "Accuracy in %, mean ± std over the finished seeds (n). 'val': the clients' validation splits "
+             "(held out of their training data, `val_fraction`); 'last 5': mean of the last 5 evaluated "
+             "rounds. **chosen**: the row with the highest 'val last 5' among the rows of the same method and "
+             "metric. Test columns are shown for the record; they choose nothing.", ""]
+    for d, a in _columns(sweep):
+        lines += [f"## {dataset_tag(d)} α={a:g}", "",
+                  "| row | n | val last 5 | val final | test last 5 | test final | |",
+                  "|---|---|---|---|---|---|---|"]
+        groups: dict[tuple, list[str]] = {}
+        for m in sweep.methods:
+            if val5[(m.label, d, a)]["values"]:
+                groups.setdefault((m.method, m.metric), []).append(m.label)
+        chosen = {max(labels, key=lambda lab: float(np.mean(val5[(lab, d, a)]["values"])))
+                  for labels in groups.values() if len(labels) > 1}
+        for m in sweep.methods:
+            key = (m.label, d, a)
+            lines.append(f"| {m.label} | {len(val5[key]['values'])} | {text(val5[key]['values'])} | "
+                         f"{text(valf[key]['values'])} | {text(test5[key]['values'])} | "
+                         f"{text(testf[key]['values'])} | {'**chosen**' if m.label in chosen else ''} |")
+        lines.append("")
+    path = out / "validation.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
 def report(out: str | Path, *, value: str = "final", metric: str | None = None,
            versus: str | None = None) -> list[Path]:
     """Write the table and figures of the sweep in ``out``; returns the files written. ``value``: which
@@ -334,4 +395,7 @@ def report(out: str | Path, *, value: str = "final", metric: str | None = None,
     cells = collect(sweep, runs, value=value, metric=metric)
     md, csv_path = write_tables(sweep, cells, out, value=value, metric=metric)
     extra = [write_versus(sweep, runs, versus, out)] if versus else []
+    if has_validation(runs):
+        extra += [write_validation(sweep, runs, out),
+                  *write_figures(sweep, collect(sweep, runs, validation=True), out, split="val")]
     return [md, csv_path, *extra, *write_figures(sweep, cells, out), *write_splits(sweep, cells, out)]

@@ -15,7 +15,14 @@ from typing import Any
 # global_acc (the shared model on the union of the test splits), personalized_macro_acc (each client's own
 # model on its own test split, equal weight per client: the pFedKDH paper's) and personalized_weighted_acc
 # (the same, weighted by test samples: PFLlib's and FL-bench's), plus method variants (..._fair, ...).
-ACCURACY_PREFIXES = ("global_acc", "personalized_macro_acc", "personalized_weighted_acc")
+# With a validation split (config key val_fraction) each evaluated round also records the same accuracies of
+# the clients' models on their validation splits, under the same names after VALIDATION_PREFIX
+# (val_personalized_macro_acc, val_personalized_macro_acc_fair, val_per_client_acc, ...): values are chosen
+# on those. Shared-model methods have no separate validation global accuracy: their clients evaluate the
+# global model on their own validation splits (val_personalized_macro_acc).
+VALIDATION_PREFIX = "val_"
+ACCURACY_PREFIXES = ("global_acc", "personalized_macro_acc", "personalized_weighted_acc",
+                     VALIDATION_PREFIX + "personalized_macro_acc")
 LAST_ROUNDS = 5
 
 ROUND_FIELDS = ("round", "global_acc", "personalized_macro_acc", "per_client_acc", "train_loss",

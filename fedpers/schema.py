@@ -134,6 +134,11 @@ CORE_KEYS: tuple[Key, ...] = (
     Key("weight_decay", float, 0.0, "client SGD weight decay (ours)", non_negative),
     Key("seed", int, 0, "seed of partitioning, model init, client sampling and training", non_negative),
     Key("aux_size", int, 5000, "size of the server's labelled auxiliary set Ds (0 = none)", non_negative),
+    Key("val_fraction", float, 0.0,
+        "share of each client's training samples held out as its validation split (seeded, stratified by "
+        "class, never trained on; 0 = none): every evaluated round then records val_* accuracies beside "
+        "the test ones, and values are chosen on those, never on the test split (ours)",
+        unit_interval_open_right),
     # --- model ---------------------------------------------------------------------------------
     Key("model_kind", str, "",
         "model: '' = the method's own (cnn for most) | cnn | se_cnn | gn_cnn (JDFL paper's GroupNorm CNN)",

@@ -18,6 +18,7 @@ JDFL_DISCOVERY = 4  # JDFL discovery round's local epochs
 FEDFED_DISTILLER_INIT = 5  # FedFed's distiller initialisation, (seed, partition id, stream): no round
 FEDFED_FEATURE_NOISE = 6  # FedFed's noise on the shared performance-sensitive features
 FEDFED_SHARED_DRAW = 7  # the server's draw of shared samples sent to a client, (seed, round, pid, stream)
+VALIDATION_SPLIT = 8  # the draw of each client's validation split, (seed, stream): drawn once per run
 SERVER_TRAINING = 10**6  # server-side training (pFedKDH warm-up and recalibration): no client reaches it
 JDFL_HEAD_OFFSET = 7919  # seed + this initialises JDFL's expanded head (server and clients agree)
 

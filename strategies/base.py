@@ -46,7 +46,7 @@ from fedpers.errors import FedpersError
 from fedpers.federation import Federation
 from fedpers.models import Part, array_shapes, build_model, get_arrays, set_arrays
 from fedpers.progress import format_round_line
-from fedpers.results import ACCURACY_PREFIXES, ResultsWriter, accuracy_summary
+from fedpers.results import ACCURACY_PREFIXES, VALIDATION_PREFIX, ResultsWriter, accuracy_summary
 from fedpers.schema import Config
 from fedpers.training import accuracy_and_loss, predict_logits, resolve_device
 from fedpers.validation import aggregate_updates, update_problem
@@ -427,19 +427,28 @@ class FedPersStrategy(ContractSide, Strategy):
         """The round's record from its clients' evaluations (``_round["evaluations"]``: loss, examples,
         metrics of each evaluate reply, in or carried)."""
         per_client: dict[int, float] = {}
+        per_client_val: dict[int, float] = {}
         extras: dict[str, dict[int, float]] = {}
         consistent = True
         for _, examples, m in sorted(self._round.get("evaluations", []), key=lambda e: int(e[2]["partition_id"])):
             pid = int(m["partition_id"])
             per_client[pid] = float(m["acc"])
+            if VALIDATION_PREFIX + "acc" in m:
+                per_client_val[pid] = float(m[VALIDATION_PREFIX + "acc"])
             self._round.setdefault("eval_counts", {})[pid] = int(examples)
             for key, value in m.items():
-                if key.startswith(PERSONAL_ACC_PREFIX):
-                    extras.setdefault(key[len(PERSONAL_ACC_PREFIX):], {})[pid] = float(value)
+                # "acc_<name>" and, on the validation split, "val_acc_<name>"
+                for prefix in (PERSONAL_ACC_PREFIX, VALIDATION_PREFIX + PERSONAL_ACC_PREFIX):
+                    if key.startswith(prefix):
+                        extras.setdefault(key[: len(prefix) - len(PERSONAL_ACC_PREFIX)] + "personalized_macro_acc_"
+                                          + key[len(prefix):], {})[pid] = float(value)
             if pid in self.last_fit_digest and "state_digest" in m:
                 consistent &= self.last_fit_digest[pid] == str(m["state_digest"])
-        record_extras: dict[str, Any] = {f"personalized_macro_acc_{name}": _mean(vals.values())
-                                         for name, vals in extras.items()}
+        record_extras: dict[str, Any] = {name: _mean(vals.values()) for name, vals in extras.items()}
+        if per_client_val:
+            # the validation split's figures (config key val_fraction): values are chosen on these
+            record_extras[VALIDATION_PREFIX + "personalized_macro_acc"] = _mean(per_client_val.values())
+            record_extras[VALIDATION_PREFIX + "per_client_acc"] = {str(k): v for k, v in sorted(per_client_val.items())}
         record_extras["client_state_consistent"] = consistent
         self._finish_round(server_round, per_client, record_extras)
 
@@ -546,6 +555,10 @@ class FedPersStrategy(ContractSide, Strategy):
             "bytes_down": self.totals["bytes_down"],
             "num_clients": self.federation.num_clients,
             "client_train_sizes": [len(t) for t in self.federation.partition.train],
+            # share of each client's training samples held out as its validation split (0: none), and
+            # how many samples that is per client
+            "val_fraction": self.cfg.val_fraction,
+            "client_val_sizes": [len(v) for v in self.federation.partition.val or ()],
             "aux_size": len(self.federation.partition.aux),
             "config": self.cfg.to_dict(),
             **self.summary_extras(),
