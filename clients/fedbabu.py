@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from clients.base import FedPersClient
-from fedpers.algorithms.fedbabu import fine_tune_copy
+from fedpers.algorithms.fedbabu import fine_tune_copies, parse_epoch_list
 from fedpers.models import backbone_parameters, head_parameters
 from fedpers.training import evaluate, sgd, train_epochs
 from fedpers.wire import BACKBONE_ONLY
@@ -39,11 +39,23 @@ class FedBABUClient(FedPersClient):
                             batch_loss=self.batch_loss)
 
     def evaluate_personalized(self, generator: torch.Generator) -> tuple[float, float, dict[str, float]]:
-        """Fine-tune a copy of the whole model on train data, then test it; also the initial accuracy."""
-        test, train = self.data.test, self.data.train
+        """Fine-tune a copy of the whole model on train data, then test it; also the initial accuracy and
+        the accuracy after each count of ``fedbabu_finetune_also`` epochs (``acc_ft<e>``)."""
+        test = self.data.test
         initial_acc, _ = evaluate(self.model, test.x, test.y)
-        tuned = fine_tune_copy(self.model, train.x, train.y, epochs=self.cfg.fedbabu_finetune_epochs,
-                               lr=self.cfg.lr, batch_size=self.cfg.batch_size, generator=generator,
-                               momentum=self.cfg.momentum, weight_decay=self.cfg.weight_decay)
-        acc, loss = evaluate(tuned, test.x, test.y)
-        return acc, loss, {"acc_initial": initial_acc}
+        main, also = self.cfg.fedbabu_finetune_epochs, parse_epoch_list(self.cfg.fedbabu_finetune_also)
+        tuned = self.fine_tuned([main, *also], generator)
+        acc, loss = evaluate(tuned[main], test.x, test.y)
+        extra = {"acc_initial": initial_acc}
+        extra.update({f"acc_ft{e}": evaluate(tuned[e], test.x, test.y)[0] for e in also})
+        return acc, loss, extra
+
+    def fine_tuned(self, epochs: list[int], generator: torch.Generator) -> dict[int, torch.nn.Module]:
+        """The fine-tuned copies after each count of ``epochs``, fine-tuned once per message: the validation
+        pass (same seed, same train data) gets the very copies the test pass used."""
+        if getattr(self, "_tuned", None) is None:
+            train = self.data.train
+            self._tuned = fine_tune_copies(self.model, train.x, train.y, epochs=epochs, lr=self.cfg.lr,
+                                           batch_size=self.cfg.batch_size, generator=generator,
+                                           momentum=self.cfg.momentum, weight_decay=self.cfg.weight_decay)
+        return self._tuned

@@ -5,8 +5,8 @@ theta_k <- theta_g and its own persistent head phi_k (Algorithm 1 line 10), mini
 epochs, uploads only theta_k and keeps phi_k (lines 12-13).
 
 Evaluation (Sec. 3.4): **Fair** uses (theta_g, phi_k) as is. **EA** refines a copy of phi_k by
-``ea_steps`` head-only SGD steps on the client's train data with theta_g frozen (no test data), and
-reports the Fair accuracy as ``acc_fair`` too, since both share the same training. The EA steps are
+``ea_steps`` head-only SGD steps (or ``ea_epochs`` epochs) on the client's train data with theta_g frozen
+(no test data), and reports the Fair accuracy as ``acc_fair`` too, since both share the same training. The EA steps are
 evaluation-only: the persistent head is not changed by them (ours; the paper does not say).
 """
 
@@ -16,9 +16,9 @@ import torch
 
 from clients.base import FedPersClient
 from fedpers.algorithms import pfedkdh
-from fedpers.algorithms.pfedkdh import pfedkdh_objective
+from fedpers.algorithms.pfedkdh import adaptation_steps, parse_adaptation_lengths, pfedkdh_objective
 from fedpers.models import backbone_parameters
-from fedpers.training import accuracy_and_loss, adapt_head_copy, backbone_features, frozen_copy
+from fedpers.training import accuracy_and_loss, adapt_head_copies, backbone_features, frozen_copy
 
 
 class PFedKDHClient(FedPersClient):
@@ -42,18 +42,33 @@ class PFedKDHClient(FedPersClient):
             mu=self.cfg.mu, backbone=self.student_backbone, global_backbone=self.global_backbone)
 
     def evaluate_personalized(self, generator: torch.Generator) -> tuple[float, float, dict[str, float]]:
-        """Fair: persistent head as is. EA: head-only adaptation on train data, then test. Both heads read
-        the same test features b_theta_g(x), computed once."""
+        """Fair: persistent head as is. EA: head-only adaptation on train data, then test (and each length
+        of ``ea_also`` as ``acc_ea<length>``). Every head reads the same test features b_theta_g(x),
+        computed once."""
         test = self.data.test
         features = backbone_features(self.model, test.x)
         with torch.no_grad():
             fair_acc, fair_loss = accuracy_and_loss(self.model.head(features), test.y)
         if self.cfg.variant == "fair":
             return fair_acc, fair_loss, {}
-        train = self.data.train
-        head = adapt_head_copy(self.model, train.x, train.y, steps=self.cfg.ea_steps, lr=self.cfg.ea_lr,
-                               batch_size=self.cfg.batch_size, generator=generator)
+        n, batch = len(self.data.train), self.cfg.batch_size
+        main = (adaptation_steps(self.cfg.ea_epochs, "epochs", n, batch) if self.cfg.ea_epochs > 0
+                else self.cfg.ea_steps)
+        also = {token: adaptation_steps(count, unit, n, batch)
+                for token, count, unit in parse_adaptation_lengths(self.cfg.ea_also)}
+        heads = self.adapted_heads([main, *also.values()], generator)
+        extra = {"acc_fair": fair_acc}
         with torch.no_grad():
-            head.eval()
-            acc, loss = accuracy_and_loss(head(features), test.y)
-        return acc, loss, {"acc_fair": fair_acc}
+            acc, loss = accuracy_and_loss(heads[main].eval()(features), test.y)
+            for token, steps in also.items():
+                extra[f"acc_ea{token}"] = accuracy_and_loss(heads[steps].eval()(features), test.y)[0]
+        return acc, loss, extra
+
+    def adapted_heads(self, steps: list[int], generator: torch.Generator) -> dict[int, torch.nn.Module]:
+        """The EA head copies after each count of ``steps``, adapted once per message: the validation pass
+        (same seed, same train data) gets the very heads the test pass used."""
+        if getattr(self, "_adapted", None) is None:
+            train = self.data.train
+            self._adapted = adapt_head_copies(self.model, train.x, train.y, steps=steps, lr=self.cfg.ea_lr,
+                                              batch_size=self.cfg.batch_size, generator=generator)
+        return self._adapted

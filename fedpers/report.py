@@ -19,7 +19,8 @@
   per sample).
 * ``validation.md`` and ``curves_val_<dataset>_a<alpha>.png`` (runs with ``val_fraction`` > 0): each row's
   accuracy on the clients' validation splits beside its test accuracy, and which row of each method (and
-  metric) has the highest validation accuracy, averaged over the last 5 evaluated rounds: the value chosen.
+  metric, or of each ``group`` the sweep names) has the highest validation accuracy, averaged over the last 5
+  evaluated rounds: the value chosen.
   The test columns never take part in the choice.
 """
 
@@ -345,7 +346,7 @@ def has_validation(runs: list[PlannedRun]) -> bool:
 
 def write_validation(sweep: Sweep, runs: list[PlannedRun], out: Path) -> Path:
     """``validation.md``: per column, each row's validation and test accuracy (mean ± std over seeds), and the
-    row each group of rows sharing a method and a metric would choose: the highest validation accuracy
+    row each group of rows (sharing a method and a metric, or the sweep's ``group``) would choose: the highest validation accuracy
     averaged over the last 5 evaluated rounds (ours: less noisy than one round). Test accuracy is shown,
     never used."""
     val5 = collect(sweep, runs, value="last5", validation=True)
@@ -360,7 +361,7 @@ def write_validation(sweep: Sweep, runs: list[PlannedRun], out: Path) -> Path:
              "Accuracy in %, mean ± std over the finished seeds (n). 'val': the clients' validation splits "
              "(held out of their training data, `val_fraction`); 'last 5': mean of the last 5 evaluated "
              "rounds. **chosen**: the row with the highest 'val last 5' among the rows of the same method and "
-             "metric. Test columns are shown for the record; they choose nothing.", ""]
+             "metric (or of the same group the study names). Test columns are shown for the record; they choose nothing.", ""]
     for d, a in _columns(sweep):
         lines += [f"## {dataset_tag(d)} α={a:g}", "",
                   "| row | n | val last 5 | val final | test last 5 | test final | |",
@@ -368,7 +369,7 @@ def write_validation(sweep: Sweep, runs: list[PlannedRun], out: Path) -> Path:
         groups: dict[tuple, list[str]] = {}
         for m in sweep.methods:
             if val5[(m.label, d, a)]["values"]:
-                groups.setdefault((m.method, m.metric), []).append(m.label)
+                groups.setdefault(m.group or (m.method, m.metric), []).append(m.label)
         chosen = {max(labels, key=lambda lab: float(np.mean(val5[(lab, d, a)]["values"])))
                   for labels in groups.values() if len(labels) > 1}
         for m in sweep.methods:

@@ -10,6 +10,8 @@ A sweep file (YAML)::
       - fedavg                                    # label = method name, metric = the method's own
       - {label: pFedKDH-Fair, method: pfedkdh, set: {variant: ea}, metric: personalized_macro_acc_fair}
       - {label: pFedKDH-EA, method: pfedkdh, set: {variant: ea}}
+      - {label: FedBABU 1 ep, method: fedbabu, set: {fedbabu_finetune_also: "1"}, metric: personalized_macro_acc_ft1,
+         group: FedBABU}                          # validation.md chooses within a group (default: method + metric)
     ablation: false                               # true: `fedpers report` also draws the bar chart
 
 Rows that differ only in label/metric share their runs (pFedKDH-Fair and -EA come from one run).
@@ -44,6 +46,9 @@ class MethodEntry:
     method: str
     set: dict[str, Any] = field(default_factory=dict)
     metric: str | None = None  # None: the method's headline metric (summary["metric"])
+    # rows with the same group are one choice in the report's validation.md (None: rows of the same method
+    # and metric), e.g. FedBABU's rows reading personalized_macro_acc_ft<e> of one run
+    group: str | None = None
 
     @property
     def run_key(self) -> str:
@@ -133,7 +138,8 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, datasets: list[s
             methods.append(MethodEntry(item, item))
         elif isinstance(item, dict) and "method" in item:
             methods.append(MethodEntry(str(item.get("label", item["method"])), str(item["method"]),
-                                       dict(item.get("set") or {}), item.get("metric")))
+                                       dict(item.get("set") or {}), item.get("metric"),
+                                       None if item.get("group") is None else str(item["group"])))
         else:
             raise ConfigError(f"sweep {p}: a method entry must be a name or a mapping with 'method', got {item!r}")
     from fedpers.config import parse_set_arguments

@@ -4,7 +4,7 @@ device, so batches are index slices of one tensor)."""
 from __future__ import annotations
 
 import copy
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -109,18 +109,21 @@ def step_batches(n: int, batch_size: int, steps: int, generator: torch.Generator
     return batches
 
 
-def _head_sgd(head: nn.Module, batches, lr: float) -> float:
-    """Cross-entropy SGD on ``head`` over ``(features, labels)`` batches; returns the mean loss."""
+def _head_sgd(head: nn.Module, batches, lr: float, after_step: Callable[[int], None] | None = None) -> float:
+    """Cross-entropy SGD on ``head`` over ``(features, labels)`` batches; returns the mean loss.
+    ``after_step(k)`` is called after the k-th step (1-based)."""
     opt = sgd(head.parameters(), lr)
     head.train()
     total, count = 0.0, 0
-    for feats, labels in batches:
+    for done, (feats, labels) in enumerate(batches, 1):
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(head(feats), labels)
         loss.backward()
         opt.step()
         total += float(loss.detach()) * len(labels)
         count += len(labels)
+        if after_step is not None:
+            after_step(done)
     return total / max(count, 1)
 
 
@@ -151,19 +154,37 @@ def recalibrate_head(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epoc
 def adapt_head_copy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int, lr: float,
                     batch_size: int, generator: torch.Generator) -> nn.Module:
     """pFedKDH-EA: a copy of the head refined by ``steps`` head-only SGD steps on the client's *train*
-    data with the backbone frozen; the persistent head itself is left unchanged.
+    data with the backbone frozen; the persistent head itself is left unchanged."""
+    return adapt_head_copies(model, x, y, steps=[steps], lr=lr, batch_size=batch_size, generator=generator)[steps]
+
+
+def adapt_head_copies(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: Sequence[int], lr: float,
+                      batch_size: int, generator: torch.Generator) -> dict[int, nn.Module]:
+    """pFedKDH-EA (Sec. 3.4) at several step counts from one run: ``{k: the head copy after k steps}`` for
+    every ``k`` in ``steps``. The first k batches of a longer run are the k batches of a k-step run (same
+    generator), so each copy is the one a run of k steps gives (up to the float rounding of features taken
+    in other batches). The persistent head is left unchanged.
 
     Only the samples the steps visit are passed through the frozen backbone (at most
-    ``steps * batch_size``, not the whole train split); the batches are those of
+    ``max(steps) * batch_size``, not the whole train split); the batches are those of
     :func:`train_head_on_features` with the same generator."""
     head = copy.deepcopy(model.head)
-    if steps > 0 and len(x) > 0:
-        batches = step_batches(len(x), batch_size, steps, generator, x.device)
+    wanted, longest = set(steps), max(steps, default=0)
+    copies: dict[int, nn.Module] = {0: copy.deepcopy(head)} if 0 in wanted else {}
+    if longest > 0 and len(x) > 0:
+        batches = step_batches(len(x), batch_size, longest, generator, x.device)
         used, where = torch.unique(torch.cat(batches), return_inverse=True)
         feats, labels = backbone_features(model, x[used]), y[used]
         positions = torch.split(where, [len(b) for b in batches])
-        _head_sgd(head, ((feats[pos], labels[pos]) for pos in positions), lr)
-    return head
+
+        def keep(done: int) -> None:
+            if done in wanted:
+                copies[done] = copy.deepcopy(head)
+
+        _head_sgd(head, ((feats[pos], labels[pos]) for pos in positions), lr, after_step=keep)
+    for k in wanted:  # no data to adapt on: the head as it is
+        copies.setdefault(k, copy.deepcopy(head))
+    return copies
 
 
 @torch.no_grad()

@@ -179,6 +179,23 @@ def test_fine_tune_copy_changes_the_copy_only():
     assert all(not np.array_equal(a, b) for a, b in zip(before, after)), names  # body and head both tuned
 
 
+def test_fine_tune_copies_after_e_epochs_of_a_longer_run_are_exactly_e_epoch_fine_tunings():
+    from fedpers.algorithms.fedbabu import fine_tune_copies, parse_epoch_list
+
+    model = TinyNet()
+    x, y = toy_data()
+    copies = fine_tune_copies(model, x, y, epochs=[1, 3, 0], lr=0.1, batch_size=16,
+                              generator=torch.Generator().manual_seed(0))
+    assert arrays_equal(get_arrays(copies[0], "all"), get_arrays(model, "all"))
+    for e in (1, 3):
+        alone = fine_tune_copy(model, x, y, epochs=e, lr=0.1, batch_size=16, generator=torch.Generator().manual_seed(0))
+        assert arrays_equal(get_arrays(copies[e], "all"), get_arrays(alone, "all"))
+    assert not arrays_equal(get_arrays(copies[1], "all"), get_arrays(copies[3], "all"))
+    assert parse_epoch_list("1, 3,10") == [1, 3, 10]
+    with pytest.raises(ValueError, match="'x'"):
+        parse_epoch_list("1,x")
+
+
 # --- clients: each method's defining computation --------------------------------------------------------
 def test_fedrep_head_epochs_train_only_the_head_and_body_epochs_only_the_body():
     cfg = tiny_cfg("fedrep", fedrep_head_epochs=2)

@@ -152,6 +152,45 @@ def test_ea_head_from_visited_samples_equals_head_from_all_features():
     assert not torch.equal(sparse.weight, model.head.weight)
 
 
+def test_ea_heads_at_several_lengths_from_one_run_are_the_heads_of_runs_of_those_lengths():
+    """adapt_head_copies (ea_also): the copy after k steps of a longer run is the k-step run's head."""
+    import torch
+
+    from fedpers.training import adapt_head_copies, adapt_head_copy
+
+    model = build_model((1, 8, 8), 10, feature_dim=64, seed=0)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(150, 1, 8, 8, generator=gen)
+    y = torch.randint(0, 10, (150,), generator=gen)
+    heads = adapt_head_copies(model, x, y, steps=[0, 3, 12], lr=0.1, batch_size=32,
+                              generator=torch.Generator().manual_seed(3))
+    assert torch.equal(heads[0].weight, model.head.weight)
+    for k in (3, 12):
+        alone = adapt_head_copy(model, x, y, steps=k, lr=0.1, batch_size=32, generator=torch.Generator().manual_seed(3))
+        for a, b in zip(heads[k].parameters(), alone.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(heads[3].weight, heads[12].weight)
+
+
+def test_ea_also_reports_what_the_same_ea_steps_or_ea_epochs_gives_as_the_headline():
+    from fedpers.algorithms.pfedkdh import parse_adaptation_lengths
+
+    def reply(**keys):
+        cfg = build_config(tiny_overrides(method="pfedkdh", variant="ea", **keys))
+        fed = get_federation(cfg)
+        model = build_model(fed.input_shape, fed.num_classes, feature_dim=cfg.feature_dim, seed=cfg.seed)
+        return PFedKDHClient(cfg, make_context(0, 3)).evaluate(get_arrays(model, "all"), {"server_round": 1})[2]
+
+    both = reply(ea_steps=3, ea_also="7,1ep")
+    assert both["acc"] == reply(ea_steps=3)["acc"]
+    assert both["acc_ea7"] == reply(ea_steps=7)["acc"]
+    assert both["acc_ea1ep"] == reply(ea_epochs=1)["acc"]
+    assert parse_adaptation_lengths(" 50, 1ep ,") == [("50", 50, "steps"), ("1ep", 1, "epochs")]
+    for bad in ("0", "ep", "1.5", "-3", "2eps"):
+        with pytest.raises(Exception, match="ea_also"):
+            build_config(tiny_overrides(method="pfedkdh", ea_also=bad))
+
+
 def test_fedavg_per_client_accuracy_from_the_global_evaluation_equals_each_clients_own():
     """FedAvg's personalized model is the global one: the server reads every client's accuracy off its one
     evaluation of the union test set, and it equals what each client's evaluate reports."""

@@ -150,9 +150,10 @@ def test_choice_values_that_yaml_1_1_reads_as_booleans_stay_strings(tmp_path):
 
 
 # pFedKDH's keys keep the unprefixed names of its paper's notation (T, lambda_KD, E_w, ...) that configs,
-# studies and committed results use; every other method's and extension's keys carry its name.
+# studies and committed results use (ea_epochs and ea_also join the ea_ family of its EA variant); every
+# other method's and extension's keys carry its name.
 PFEDKDH_PAPER_NAMES = {"variant", "temperature", "lambda_kd", "recal_epochs", "recal_every_round", "recal_lr",
-                       "warmup_epochs", "ea_steps", "ea_lr"}
+                       "warmup_epochs", "ea_steps", "ea_lr", "ea_epochs", "ea_also"}
 
 
 def test_each_method_declares_its_own_prefixed_keys_and_the_core_none_of_theirs():

@@ -130,27 +130,34 @@ def test_validation_metrics_are_those_of_the_model_whose_test_accuracy_is_report
 
 
 def test_the_report_chooses_by_validation_accuracy_only(tmp_path):
-    def run(name: str, val: list[float], test: list[float]) -> PlannedRun:
+    def run(name: str, val: list[float], test: list[float], **other_val: float) -> PlannedRun:
         d = tmp_path / name
         d.mkdir()
         rounds = [{"round": i + 1, "personalized_macro_acc": t, "val_personalized_macro_acc": v}
                   for i, (v, t) in enumerate(zip(val, test))]
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rounds))
+        extra = {f"val_personalized_macro_acc_{k}": v for k, v in other_val.items()}
+        extra.update({f"personalized_macro_acc_{k}": 0.5 for k in other_val})
         (d / "summary.json").write_text(json.dumps({
             "metric": "personalized_macro_acc", "val_fraction": 0.15,
-            "final": {"personalized_macro_acc": test[-1], "val_personalized_macro_acc": val[-1]},
+            "final": {"personalized_macro_acc": test[-1], "val_personalized_macro_acc": val[-1], **extra},
             "mean_last_5_evaluated": {"personalized_macro_acc": float(np.mean(test[-5:])),
-                                      "val_personalized_macro_acc": float(np.mean(val[-5:]))}}))
+                                      "val_personalized_macro_acc": float(np.mean(val[-5:])), **extra}}))
         return PlannedRun(name, "mnist", 0.05, 0, str(d), {})
 
     rows = [MethodEntry("a", "pfedkdh", {"lambda_kd": 0.1}), MethodEntry("b", "pfedkdh", {"lambda_kd": 0.5}),
-            MethodEntry("FedPer", "fedper")]
+            MethodEntry("FedPer", "fedper"),
+            # one FedBABU run read at two fine-tuning lengths: one choice, because the study groups them
+            MethodEntry("ft5", "fedbabu", {}, None, "FedBABU"),
+            MethodEntry("ft1", "fedbabu", {}, "personalized_macro_acc_ft1", "FedBABU")]
     runs = [run(rows[0].run_key, [0.90] * 5, [0.99] * 5),  # best on test, worse on validation
             run(rows[1].run_key, [0.95] * 5, [0.90] * 5),
-            run(rows[2].run_key, [0.80] * 5, [0.80] * 5)]
+            run(rows[2].run_key, [0.80] * 5, [0.80] * 5),
+            run(rows[3].run_key, [0.93] * 5, [0.97] * 5, ft1=0.96)]
     sweep = Sweep(rows, ["mnist"], [0.05], [0])
     text = write_validation(sweep, runs, tmp_path).read_text()
     lines = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
     assert lines["b"].rstrip().endswith("| **chosen** |")
     assert "chosen" not in lines["a"] and "chosen" not in lines["FedPer"]  # FedPer: alone in its group
     assert "| 1 | 95.00±0.00 | 95.00±0.00 | 90.00±0.00 | 90.00±0.00 |" in lines["b"]
+    assert lines["ft1"].rstrip().endswith("| **chosen** |") and "chosen" not in lines["ft5"]

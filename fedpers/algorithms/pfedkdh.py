@@ -30,6 +30,14 @@ KEYS: tuple[Key, ...] = (
     Key("recal_lr", float, 0.015, "pFedKDH recalibration SGD learning rate (ours: = lr)", positive),
     Key("warmup_epochs", int, 0, "pFedKDH global warm-up epochs E_w on Ds (Eq. 3)", non_negative),
     Key("ea_steps", int, 10, "pFedKDH-EA head-only SGD steps at evaluation (ours)", non_negative),
+    Key("ea_epochs", int, 0,
+        "pFedKDH-EA: > 0 adapts the head for this many epochs of the client's train data, ceil(n_k/B) steps "
+        "each, instead of ea_steps steps (ours)", non_negative),
+    Key("ea_also", str, "",
+        "pFedKDH-EA: other adaptation lengths also evaluated, from the same adaptation run, comma-separated: "
+        "'50' (steps) or '1ep' (epochs), recorded as personalized_macro_acc_ea50 / _ea1ep; each is what "
+        "that ea_steps / ea_epochs gives (ours, for sensitivity studies)",
+        lambda text: adaptation_lengths_problem(text)),
     Key("ea_lr", float, 0.015, "pFedKDH-EA head-adaptation learning rate (ours: = lr)", positive),
 )
 
@@ -44,3 +52,29 @@ def pfedkdh_objective(student_logits: torch.Tensor, teacher_logits: torch.Tensor
     kd = distillation_kl(student_logits, teacher_logits, temperature)
     return ((1.0 - lambda_kd) * ce + lambda_kd * temperature**2 * kd
             + proximal_term(backbone, global_backbone, mu))
+
+
+def parse_adaptation_lengths(text: str) -> list[tuple[str, int, str]]:
+    """``ea_also`` as ``(token, count, unit)`` triples: ``'50'`` -> ``('50', 50, 'steps')``, ``'1ep'`` ->
+    ``('1ep', 1, 'epochs')``; raises ValueError naming the bad token."""
+    out = []
+    for token in (t.strip() for t in text.split(",") if t.strip()):
+        unit, digits = ("epochs", token[:-2]) if token.endswith("ep") else ("steps", token)
+        if not digits.isdigit() or int(digits) < 1:
+            raise ValueError(f"'{token}' is neither a step count (e.g. 50) nor an epoch count (e.g. 1ep)")
+        out.append((token, int(digits), unit))
+    return out
+
+
+def adaptation_lengths_problem(text: str) -> str | None:
+    """Range check of ``ea_also``: None when every token parses, else the problem."""
+    try:
+        parse_adaptation_lengths(text)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def adaptation_steps(count: int, unit: str, num_train: int, batch_size: int) -> int:
+    """Head-adaptation steps of ``count`` steps or ``count`` epochs (``ceil(n_k / B)`` steps each)."""
+    return count if unit == "steps" else count * -(-num_train // batch_size)
