@@ -44,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--out", required=True, help="sweep directory")
     sweep.add_argument("--tensorboard", action="store_true", help="TensorBoard events for every run")
     sweep.add_argument("--dry-run", action="store_true", help="validate and list the runs, run nothing")
+    sweep.add_argument("--report-only", action="store_true",
+                       help="write sweep.json from the file (rows, paper numbers, claims) and the report of the "
+                            "runs already finished in --out; run nothing")
     sweep.add_argument("--jobs", type=int, default=1,
                        help="runs at a time (default 1): one per GPU with CUDA_VISIBLE_DEVICES, else sharing the CPUs")
     sweep.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
@@ -193,9 +196,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(run.run_dir)
         return 0
     from fedpers.rundir import RunLock
+    from fedpers.sweep import write_plan
 
     with RunLock(args.out):  # a second sweep on the same directory would run the same runs twice
-        failed = run_sweep(sweep, args.out, tensorboard=args.tensorboard, jobs=args.jobs)
+        if args.report_only:
+            write_plan(sweep, args.out)
+            failed = []
+        else:
+            failed = run_sweep(sweep, args.out, tensorboard=args.tensorboard, jobs=args.jobs)
     for path in report(args.out):
         print(f"sweep | wrote {path}")
     return 1 if failed else 0

@@ -335,6 +335,24 @@ def write_versus(sweep: Sweep, runs: list[PlannedRun], reference: str, out: Path
     return path
 
 
+def write_study_claims(sweep: Sweep, runs: list[PlannedRun], out: Path) -> list[Path]:
+    """``claims.md`` / ``claims.json``: the verdict of each claim the study declares (fedpers/claims.py)."""
+    from fedpers.claims import judge, parse_claims, row_runs, write_claims
+
+    labels = [m.label for m in sweep.methods]
+    claims = parse_claims(sweep.claims, labels, sweep.columns, sweep.paper, f"{out}/sweep.json")
+    entries = {m.label: m for m in sweep.methods}
+    columns = {f"{dataset_tag(d)}_a{a:g}": (d, a) for d, a in _columns(sweep)}
+    results = []
+    for claim in claims:
+        d, a = columns[claim.column]
+        rows = {label: row_runs({r.seed: r.run_dir for r in _runs_for(entries[label], d, a, runs)}, claim.metric,
+                                entries[label].metric, claim.value)
+                for label in claim.rows}
+        results.append(judge(claim, rows, sweep.paper))
+    return write_claims(results, out, out.name)
+
+
 def has_validation(runs: list[PlannedRun]) -> bool:
     """Whether any finished run of the sweep held out a validation split."""
     for run in runs:
@@ -396,6 +414,8 @@ def report(out: str | Path, *, value: str = "final", metric: str | None = None,
     cells = collect(sweep, runs, value=value, metric=metric)
     md, csv_path = write_tables(sweep, cells, out, value=value, metric=metric)
     extra = [write_versus(sweep, runs, versus, out)] if versus else []
+    if sweep.claims:
+        extra += write_study_claims(sweep, runs, out)
     if has_validation(runs):
         extra += [write_validation(sweep, runs, out),
                   *write_figures(sweep, collect(sweep, runs, validation=True), out, split="val")]

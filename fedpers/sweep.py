@@ -69,6 +69,13 @@ class Sweep:
     ablation: bool = False
     # the paper's numbers, for the report's side-by-side columns: label -> {"<dataset>_a<alpha>": accuracy %}
     paper: dict[str, dict[str, float]] = field(default_factory=dict)
+    # the paper's claims in checkable form (fedpers/claims.py), as written in the study file
+    claims: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def columns(self) -> list[str]:
+        """The table's columns, as claims and the paper table name them: ``<dataset>_a<alpha>``."""
+        return [f"{dataset_tag(d)}_a{a:g}" for d in self.datasets for a in self.alphas]
 
 
 @dataclass(frozen=True)
@@ -129,7 +136,7 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, datasets: list[s
         raw = read_yaml_text(p.read_text()) or {}
     except yaml.YAMLError:
         raise ConfigError(f"sweep file {p} is not valid YAML") from None
-    unknown = set(raw) - {"base", "methods", "datasets", "alphas", "seeds", "ablation", "paper"}
+    unknown = set(raw) - {"base", "methods", "datasets", "alphas", "seeds", "ablation", "paper", "claims"}
     if unknown:
         raise ConfigError(f"sweep {p}: unknown entries {sorted(unknown)}")
     methods = []
@@ -147,10 +154,14 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, datasets: list[s
     base = {**(raw.get("base") or {}), **parse_set_arguments(sets or [])}
     sweep = Sweep(methods, [str(d) for d in (datasets or _as_list(raw, "datasets", p))],
                   _numbers(raw, "alphas", p, float), _numbers(raw, "seeds", p, int),
-                  base, bool(raw.get("ablation", False)), _paper_numbers(raw.get("paper") or {}, p))
+                  base, bool(raw.get("ablation", False)), _paper_numbers(raw.get("paper") or {}, p),
+                  raw.get("claims") or [])
     labels = [m.label for m in sweep.methods]
     if len(set(labels)) != len(labels):
         raise ConfigError(f"sweep {p}: method labels must be unique, got {labels}")
+    from fedpers.claims import parse_claims
+
+    parse_claims(raw.get("claims"), labels, sweep.columns, sweep.paper, f"sweep {p}")
     for run in plan(sweep, "/tmp/fedpers-sweep-check"):
         try:
             build_config(run.overrides)
@@ -199,7 +210,7 @@ def read_plan(out: str | Path) -> tuple[Sweep, list[PlannedRun]]:
         raw = json.loads(path.read_text())
         s = raw["sweep"]
         sweep = Sweep([MethodEntry(**m) for m in s["methods"]], s["datasets"], s["alphas"], s["seeds"], s["base"],
-                      s["ablation"], s.get("paper", {}))
+                      s["ablation"], s.get("paper", {}), s.get("claims", []))
         runs = [PlannedRun(**r) for r in raw["runs"]]
         return sweep, [replace(r, run_dir=str(run_dir_of(out, r.run_key, r.dataset, r.alpha, r.seed)))
                        for r in runs]

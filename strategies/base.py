@@ -445,6 +445,9 @@ class FedPersStrategy(ContractSide, Strategy):
             if pid in self.last_fit_digest and "state_digest" in m:
                 consistent &= self.last_fit_digest[pid] == str(m["state_digest"])
         record_extras: dict[str, Any] = {name: _mean(vals.values()) for name, vals in extras.items()}
+        # and each client's value behind it (per_client_acc_fair, ...), for comparisons paired per client
+        record_extras.update({name.replace("personalized_macro_acc", "per_client_acc"):
+                              {str(k): v for k, v in sorted(vals.items())} for name, vals in extras.items()})
         if per_client_val:
             # the validation split's figures (config key val_fraction): values are chosen on these
             record_extras[VALIDATION_PREFIX + "personalized_macro_acc"] = _mean(per_client_val.values())

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("fedpers", "strategies", "clients")
 APPS = {"fedpers.cli", "fedpers.app", "fedpers.simulation", "fedpers.inprocess", "fedpers.deploy", "fedpers.sweep",
-        "fedpers.report", "fedpers.run_config_table", "fedpers.client_app", "fedpers.prompt_grid"}
+        "fedpers.report", "fedpers.claims", "fedpers.run_config_table", "fedpers.client_app", "fedpers.prompt_grid"}
 REGISTRY = {"fedpers.registry", "fedpers.config"}
 RANK = {"core": 0, "methods": 1, "registry": 2, "apps": 3}
 CLASS_PATH = re.compile(r"^((?:fedpers|strategies|clients)(?:\.\w+)+):\w+$")

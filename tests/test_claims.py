@@ -1,0 +1,159 @@
+"""Claims as data (fedpers/claims.py): each claim form on hand-made runs whose answers are known."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from fedpers.claims import compare, interval, parse_claims
+from fedpers.errors import ConfigError
+from fedpers.report import write_study_claims
+from fedpers.sweep import MethodEntry, PlannedRun, Sweep, load_sweep
+
+SPLIT = {"aux_size": 0, "client_label_counts": {"0": {"train": [1]}}, "client_train_sizes": [5, 5, 5, 5]}
+
+
+def make_run(tmp_path, label: str, seed: int, per_client: list[float], *, metric="personalized_macro_acc",
+             split=None, with_clients=True) -> PlannedRun:
+    """A finished run whose final value is the mean of ``per_client`` (fractions)."""
+    d = tmp_path / "runs" / label / f"seed{seed}"
+    d.mkdir(parents=True)
+    value = float(np.mean(per_client))
+    record = {"round": 10, metric: value}
+    if with_clients:
+        record["per_client_acc"] = {str(k): v for k, v in enumerate(per_client)}
+    (d / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+    (d / "summary.json").write_text(json.dumps({"metric": metric, "final": {metric: value},
+                                                **(split or SPLIT)}))
+    return PlannedRun(label, "mnist", 0.05, seed, str(d), {})
+
+
+def verdicts(tmp_path, rows: list[str], runs: list[PlannedRun], claims: list[dict], paper=None) -> dict:
+    sweep = Sweep([MethodEntry(r, r) for r in rows], ["mnist"], [0.05], [0, 1, 2], paper=paper or {},
+                  claims=claims)
+    write_study_claims(sweep, runs, tmp_path)
+    return {r["id"]: r for r in json.loads((tmp_path / "claims.json").read_text())}
+
+
+def test_interval_is_students_t():
+    mean, low, high = interval([1.0, 2.0, 4.0])
+    half = stats.t.ppf(0.975, 2) * np.std([1.0, 2.0, 4.0], ddof=1) / math.sqrt(3)
+    assert mean == pytest.approx(7 / 3) and low == pytest.approx(7 / 3 - half) and high == pytest.approx(7 / 3 + half)
+    assert interval([3.0]) is None
+
+
+def test_order_holds_fails_and_is_undecided_paired_over_clients(tmp_path):
+    up = [0.90, 0.92, 0.95, 0.91]
+    runs = [make_run(tmp_path, "A", 0, [u + 0.02 for u in up]),  # 2 points above B on every client
+            make_run(tmp_path, "B", 0, up),
+            make_run(tmp_path, "C", 0, [0.91, 0.91, 0.96, 0.90])]  # around B: +1, -1, +1, -1 points
+    got = verdicts(tmp_path, ["A", "B", "C"], runs, [
+        {"id": "a-over-b", "order": ["A", "B"]},
+        {"id": "b-over-a", "order": ["B", "A"]},
+        {"id": "c-over-b", "order": ["C", "B"]}])
+    assert got["a-over-b"]["verdict"] == "holds" and got["a-over-b"]["one_seed"]
+    c = got["a-over-b"]["comparisons"][0]
+    assert c["paired"] == "clients" and c["pairs"] == 4 and c["diff"] == pytest.approx(2.0)
+    assert c["low"] == pytest.approx(2.0) and c["higher"] == 4  # no spread: the interval is the point
+    assert got["b-over-a"]["verdict"] == "fails"
+    assert got["c-over-b"]["verdict"] == "undecided"
+    text = (tmp_path / "claims.md").read_text()
+    assert "| [a-over-b](#a-over-b) | holds, one seed | 1 |" in text
+    assert "| [b-over-a](#b-over-a) | fails, one seed | 1 |" in text
+
+
+def test_an_order_compares_every_row_with_every_later_one(tmp_path):
+    runs = [make_run(tmp_path, "A", 0, [0.95] * 4), make_run(tmp_path, "B", 0, [0.94, 0.96, 0.94, 0.96]),
+            make_run(tmp_path, "C", 0, [0.90, 0.90, 0.91, 0.91])]
+    got = verdicts(tmp_path, ["A", "B", "C"], runs, [{"id": "abc", "order": ["A", "B", "C"]}])["abc"]
+    assert [(c["a"], c["b"], c["verdict"]) for c in got["comparisons"]] == [
+        ("A", "B", "undecided"), ("A", "C", "holds"), ("B", "C", "holds")]
+    assert got["verdict"] == "undecided"
+
+
+def test_without_per_client_values_seeds_are_paired_and_one_seed_gives_no_interval(tmp_path):
+    one = [make_run(tmp_path / "one", "A", 0, [0.99], with_clients=False),
+           make_run(tmp_path / "one", "B", 0, [0.50], with_clients=False)]
+    got = verdicts(tmp_path / "one", ["A", "B"], one, [{"id": "x", "order": ["A", "B"]}])["x"]
+    assert got["verdict"] == "undecided" and "low" not in got["comparisons"][0] and got["one_seed"]
+    assert "one seed and no per-client values to pair" in (tmp_path / "one" / "claims.md").read_text()
+    # three seeds, A above B by 2, 2.5 and 3 points: paired over seeds
+    three = [make_run(tmp_path / "three", "A", s, [0.92 + 0.005 * s], with_clients=False) for s in range(3)]
+    three += [make_run(tmp_path / "three", "B", s, [0.90], with_clients=False) for s in range(3)]
+    got = verdicts(tmp_path / "three", ["A", "B"], three, [{"id": "x", "order": ["A", "B"]}])["x"]
+    c = got["comparisons"][0]
+    assert c["paired"] == "seeds" and c["pairs"] == 3 and c["diff"] == pytest.approx(2.5)
+    assert (c["low"], c["high"]) == pytest.approx(interval([2.0, 2.5, 3.0])[1:])
+    assert got["verdict"] == "holds" and "one_seed" not in got and got["n"] == 3
+
+
+def test_runs_on_other_splits_are_not_paired_per_client(tmp_path):
+    other = {**SPLIT, "client_train_sizes": [4, 6, 5, 5]}
+    runs = [make_run(tmp_path, "A", 0, [0.95, 0.95]), make_run(tmp_path, "B", 0, [0.90, 0.90], split=other)]
+    got = verdicts(tmp_path, ["A", "B"], runs, [{"id": "x", "order": ["A", "B"]}])["x"]
+    assert got["comparisons"][0]["paired"] == "seeds" and got["verdict"] == "undecided"
+
+
+def test_delta_follows_the_papers_sign_and_says_whether_its_value_is_inside(tmp_path):
+    runs = [make_run(tmp_path, "A", 0, [0.92, 0.93, 0.92, 0.93]), make_run(tmp_path, "B", 0, [0.91, 0.91, 0.91, 0.92])]
+    got = verdicts(tmp_path, ["A", "B"], runs, [
+        {"id": "costs", "delta": {"a": "A", "b": "B", "paper": 1.09}},
+        {"id": "gains", "delta": {"a": "A", "b": "B", "paper": -0.5}}])
+    assert got["costs"]["verdict"] == "holds" and got["costs"]["comparisons"][0]["diff"] == pytest.approx(1.25)
+    assert got["costs"]["paper_delta_inside"] is True
+    assert got["gains"]["verdict"] == "fails"  # the paper says A is below B; A is above
+
+
+def test_within_uses_the_interval_over_seeds_or_the_point_of_one_seed(tmp_path):
+    paper = {"A": {"mnist_a0.05": 90.0}, "B": {"mnist_a0.05": 90.0}, "C": {"mnist_a0.05": 90.0}}
+    runs = [make_run(tmp_path, "A", s, [v]) for s, v in enumerate([0.900, 0.905, 0.895])]  # tight around 90
+    runs += [make_run(tmp_path, "B", s, [v]) for s, v in enumerate([0.80, 0.81, 0.79])]  # 10 points off
+    runs += [make_run(tmp_path, "C", s, [v]) for s, v in enumerate([0.89, 0.99, 0.80])]  # too wide to tell
+    got = verdicts(tmp_path, ["A", "B", "C"], runs, [
+        {"id": "a", "within": {"rows": ["A"], "tolerance": 1.5}},
+        {"id": "b", "within": {"rows": ["B"], "tolerance": 1.5}},
+        {"id": "c", "within": {"rows": "C", "tolerance": 1.5}},
+        {"id": "all", "within": {"rows": "all", "tolerance": 1.5}}], paper)
+    assert (got["a"]["verdict"], got["b"]["verdict"], got["c"]["verdict"]) == ("holds", "fails", "undecided")
+    assert got["all"]["verdict"] == "fails"
+    one = [make_run(tmp_path / "one", "A", 0, [0.91])]
+    got = verdicts(tmp_path / "one", ["A"], one, [{"id": "a", "within": {"rows": ["A"], "tolerance": 1.5}}], paper)
+    assert got["a"]["verdict"] == "holds" and got["a"]["one_seed"]
+
+
+def test_a_row_that_has_not_run_is_not_run_not_a_failure(tmp_path):
+    runs = [make_run(tmp_path, "A", 0, [0.5, 0.5])]
+    got = verdicts(tmp_path, ["A", "B"], runs, [{"id": "x", "order": ["B", "A"]}])["x"]
+    assert got["verdict"] == "not run" and "B" in got["why"] and got["n"] == 0
+    assert "| [x](#x) | not run | 0 |" in (tmp_path / "claims.md").read_text()
+
+
+@pytest.mark.parametrize("claim, words", [
+    ({"order": ["A", "B"]}, "non-empty 'id'"),
+    ({"id": "x"}, "exactly one of order, delta, within"),
+    ({"id": "x", "order": ["A", "Z"]}, "'Z' is not a row of the study"),
+    ({"id": "x", "order": ["A"]}, "two or more rows"),
+    ({"id": "x", "delta": {"a": "A", "b": "B", "paper": "big"}}, "delta 'paper' must be a number"),
+    ({"id": "x", "within": {"rows": ["A"], "tolerance": 1}}, "no mnist_a0.05 number for A"),
+    ({"id": "x", "order": ["A", "B"], "value": "mean"}, "'value' must be one of final, best, last5"),
+    ({"id": "x", "order": ["A", "B"], "column": "cifar10_a0.1"}, "'column' must be one of mnist_a0.05"),
+    ({"id": "x", "order": ["A", "B"], "verdict": "holds"}, "unknown entries ['verdict']"),
+])
+def test_a_bad_claim_is_one_clear_line(claim, words):
+    with pytest.raises(ConfigError, match="claim") as info:
+        parse_claims([claim], ["A", "B"], ["mnist_a0.05"], {}, "sweep s.yaml")
+    assert words in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_sweep_file_with_claims_is_checked_when_loaded(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("base: {dataset: digits}\ndatasets: [digits]\nalphas: [0.5]\nseeds: [0]\n"
+                    "methods: [fedavg, fedper]\nclaims:\n  - {id: x, order: [fedper, fedprox]}\n")
+    with pytest.raises(ConfigError, match="'fedprox' is not a row of the study"):
+        load_sweep(path)
+    path.write_text(path.read_text().replace("fedprox", "fedavg"))
+    assert load_sweep(path).claims == [{"id": "x", "order": ["fedper", "fedavg"]}]
