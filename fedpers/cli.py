@@ -57,8 +57,9 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--value", choices=("final", "best", "last5"), default="final",
                      help="final round (default), best evaluated round, or mean of the last 5 evaluated rounds")
     rep.add_argument("--metric", help="one accuracy for every row, e.g. personalized_weighted_acc or global_acc")
-    rep.add_argument("--versus", metavar="LABEL",
-                     help="also write versus.md: every row against row LABEL, paired over the clients of a split")
+    rep.add_argument("--versus", metavar="LABEL", action="append",
+                     help="also write versus.md: every row against row LABEL, paired over the clients of a split "
+                          "(repeatable: one section per LABEL)")
     show = sub.add_parser("config", help="print the resolved config")
     show.add_argument("config", nargs="?")
     show.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")

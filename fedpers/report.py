@@ -274,8 +274,18 @@ def _reads_per_client(entry: MethodEntry) -> bool:
     return entry.metric in (None, "", "personalized_macro_acc")
 
 
-def write_versus(sweep: Sweep, runs: list[PlannedRun], reference: str, out: Path) -> Path:
-    """``versus.md``: each row against row ``reference``, paired per client (:func:`paired_client_difference`)
+def write_versus(sweep: Sweep, runs: list[PlannedRun], references: str | list[str], out: Path) -> Path:
+    """``versus.md``: for each of ``references`` in turn, the comparison of every row with it
+    (:func:`versus_text`)."""
+    references = [references] if isinstance(references, str) else list(references)
+    texts = [versus_text(sweep, runs, reference) for reference in references]
+    path = out / "versus.md"
+    path.write_text("\n\n".join(texts))
+    return path
+
+
+def versus_text(sweep: Sweep, runs: list[PlannedRun], reference: str) -> str:
+    """Each row against row ``reference``, paired per client (:func:`paired_client_difference`)
     at their last common evaluated round and over their last 5 common evaluated rounds, per dataset, alpha
     and seed with both runs finished. Runs whose clients hold other data (another ``aux_size``, other label
     counts) are listed as not paired."""
@@ -297,13 +307,14 @@ def write_versus(sweep: Sweep, runs: list[PlannedRun], reference: str, out: Path
         return (f"{result['diff']:+.2f} | {result['se']:.2f} | "
                 f"{result['higher']}/{result['lower']}/{result['equal']}")
 
-    lines = [f"Each row against **{reference}**, paired over the clients of the same split (per-client "
+    lines = [f"# Against {reference}", "", f"Each row against **{reference}**, paired over the clients of the same split (per-client "
              "personalized accuracy, `per_client_acc`): mean per-client difference in points (row - "
              f"{reference}), its standard error over clients, and clients higher/lower/equal; at the last "
              "common evaluated round and averaged over the last 5 common evaluated rounds. Finished runs only; "
              "the seed-to-seed spread needs more seeds.", "",
              "| method | split | seed | K | round | diff | SE | higher/lower/equal | last 5 rounds | diff | SE "
              "| higher/lower/equal |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    per_round: list[tuple[str, dict, dict, list[int]]] = []
     for d, a in _columns(sweep):
         base = finished(entries[reference], d, a)
         compared = {entries[reference].run_key}
@@ -330,9 +341,18 @@ def write_versus(sweep: Sweep, runs: list[PlannedRun], reference: str, out: Path
                 over5 = paired_client_difference(_mean_of_clients(ours, last5), _mean_of_clients(ref, last5))
                 lines.append(f"| {m.label} | {dataset_tag(d)} α={a:g} | {seed} | {at_last.get('clients', 0)} | "
                              f"{last} | {cell(at_last)} | {last5[0]}-{last5[-1]} | {cell(over5)} |")
-    path = out / "versus.md"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+                per_round.append((f"{m.label}, {dataset_tag(d)} α={a:g}, seed {seed}", ours, ref, common))
+    # every common evaluated round: where along training a gap opens or closes
+    lines += ["", f"## Every common evaluated round (row - {reference}; diff ± SE, clients higher/lower/equal)"]
+    for title, ours, ref, common in per_round:
+        lines += ["", f"### {title}", "", "| round | row | " + reference + " | diff ± SE | higher/lower/equal |",
+                  "|---|---|---|---|---|"]
+        for rnd in common:
+            result = paired_client_difference(ours[rnd], ref[rnd])
+            lines.append(f"| {rnd} | {100 * np.mean(list(ours[rnd].values())):.2f} | "
+                         f"{100 * np.mean(list(ref[rnd].values())):.2f} | {result['diff']:+.2f} ± {result['se']:.2f} | "
+                         f"{result['higher']}/{result['lower']}/{result['equal']} |")
+    return "\n".join(lines) + "\n"
 
 
 def write_study_claims(sweep: Sweep, runs: list[PlannedRun], out: Path) -> list[Path]:
@@ -402,10 +422,10 @@ def write_validation(sweep: Sweep, runs: list[PlannedRun], out: Path) -> Path:
 
 
 def report(out: str | Path, *, value: str = "final", metric: str | None = None,
-           versus: str | None = None) -> list[Path]:
+           versus: str | list[str] | None = None) -> list[Path]:
     """Write the table and figures of the sweep in ``out``; returns the files written. ``value``: which
     value of each run (``final``, ``best``, ``last5``); ``metric``: one accuracy for every row instead of
-    each row's own (e.g. ``personalized_weighted_acc``); ``versus``: a row's label, to write ``versus.md``
+    each row's own (e.g. ``personalized_weighted_acc``); ``versus``: a row's label (or several), to write ``versus.md``
     (:func:`write_versus`)."""
     if value not in VALUES:
         raise ConfigError(f"report: value must be one of {', '.join(VALUES)}, got {value!r}")
