@@ -66,7 +66,7 @@ def collect(sweep: Sweep, runs: list[PlannedRun], *, value: str = "final",
     for entry in sweep.methods:
         for dataset in sweep.datasets:
             for alpha in sweep.alphas:
-                values, curves, splits = [], [], {}
+                values, curves, splits, sample = [], [], {}, None
                 for run in _runs_for(entry, dataset, alpha, runs):
                     summary_path = Path(run.run_dir) / "summary.json"
                     if not summary_path.exists():
@@ -82,9 +82,10 @@ def collect(sweep: Sweep, runs: list[PlannedRun], *, value: str = "final",
                                    if r.get(name) is not None])
                     if summary.get("client_label_counts"):
                         splits[run.seed] = summary["client_label_counts"]
+                    sample = summary.get("evaluation_sample") or sample
                 best = [max(curve, key=lambda point: point[1]) for curve in curves if curve]
                 cells[(entry.label, dataset, alpha)] = {"values": values, "curves": curves, "best": best,
-                                                        "splits": splits}
+                                                        "splits": splits, "sample": sample}
     return cells
 
 
@@ -132,6 +133,9 @@ def write_tables(sweep: Sweep, cells: dict, out: Path, *, value: str = "final",
     seeds = ", ".join(map(str, sweep.seeds))
     which = (f"every row: {metric}" if metric else "shared-model methods: global accuracy; personalized methods: "
              "personalized macro accuracy (equal weight per client) unless a row names its metric")
+    sampled = sorted({c["sample"] for c in cells.values() if c.get("sample")})
+    which += (f"; personalized figures average a sample of {', '.join(map(str, sampled))} clients per evaluation "
+              "(eval_clients), not every client" if sampled else "")
     note = (f"\n{VALUE_WORDS[value]} accuracy in %, mean ± std over seeds {seeds} (finished runs only); {which}; "
             "best mean per column in bold." + (" 'paper': the paper's reported value; 'diff': ours - paper." if
                                                with_paper else "") + "\n")

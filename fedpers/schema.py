@@ -149,6 +149,10 @@ CORE_KEYS: tuple[Key, ...] = (
     # --- run mechanics -------------------------------------------------------------------------
     Key("eval_every", int, 1, "evaluate all clients every this many rounds (and at the last round)",
         at_least_one),
+    Key("eval_clients", int, 0,
+        "clients evaluated per evaluation round: 0 (or >= num_clients) = all; else that many, drawn by a "
+        "seeded stream of their own (seed, round), the same for every method at the same seed, so paired "
+        "comparisons stay paired (ours)", non_negative),
     Key("device", str, "auto", "auto (CUDA when present) | cpu | cuda", one_of("auto", "cpu", "cuda")),
     Key("client_cpus", float, 1.0, "CPUs per simulated client (Ray resources)", positive),
     Key("client_gpus", float, 0.0, "GPUs per simulated client, fractional allowed (Ray resources)",

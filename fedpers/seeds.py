@@ -20,6 +20,7 @@ FEDFED_FEATURE_NOISE = 6  # FedFed's noise on the shared performance-sensitive f
 FEDFED_SHARED_DRAW = 7  # the server's draw of shared samples sent to a client, (seed, round, pid, stream)
 VALIDATION_SPLIT = 8  # the draw of each client's validation split, (seed, stream): drawn once per run
 SERVER_TRAINING = 10**6  # server-side training (pFedKDH warm-up and recalibration): no client reaches it
+EVALUATION_SAMPLE = 10**6 + 1  # the clients evaluated in a round (eval_clients), (seed, stream, round)
 JDFL_HEAD_OFFSET = 7919  # seed + this initialises JDFL's expanded head (server and clients agree)
 
 

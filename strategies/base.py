@@ -48,6 +48,7 @@ from fedpers.models import Part, array_shapes, build_model, get_arrays, set_arra
 from fedpers.progress import format_round_line
 from fedpers.results import ACCURACY_PREFIXES, VALIDATION_PREFIX, ResultsWriter, accuracy_summary
 from fedpers.schema import Config
+from fedpers.seeds import EVALUATION_SAMPLE, derived_seed
 from fedpers.training import accuracy_and_loss, predict_logits, resolve_device
 from fedpers.validation import aggregate_updates, update_problem
 from fedpers.wire import (MODEL_SECTION, WHOLE_MODEL, Contract, ContractSide, SectionError, carried_evaluation_of,
@@ -271,6 +272,16 @@ class FedPersStrategy(ContractSide, Strategy):
         self._round["bytes_down"] = sent
         return out
 
+    def evaluation_sample(self, server_round: int) -> set[int] | None:
+        """The partition ids evaluated in ``server_round`` with ``eval_clients`` set (None: every client):
+        drawn from (seed, EVALUATION_SAMPLE, round) alone, so every method of a sweep at one seed evaluates
+        the same clients and their per-client comparisons stay paired."""
+        k, m = self.federation.num_clients, self.cfg.eval_clients
+        if m <= 0 or m >= k:
+            return None
+        rng = np.random.default_rng(derived_seed(self.cfg.seed, EVALUATION_SAMPLE, server_round))
+        return {int(p) for p in rng.choice(k, size=m, replace=False)}
+
     def _fit_sample(self, server_round: int, proxies: dict[int, ClientProxy]) -> list[int]:
         """The partition ids that train in ``server_round``: ``round(fraction_fit * K)`` drawn with an RNG
         seeded by (seed, round), less those not connected."""
@@ -357,11 +368,16 @@ class FedPersStrategy(ContractSide, Strategy):
         if not self._is_eval_round(server_round):
             self._finish_round(server_round, None, {})
             return []
+        sample = self.evaluation_sample(server_round)
         if self.personalized_is_global and "per_client_from_global" in self._round:
             # no client state is involved: the evaluated model is the one the server holds
-            self._finish_round(server_round, self._round["per_client_from_global"], {"client_state_consistent": True})
+            per_client = {pid: acc for pid, acc in self._round["per_client_from_global"].items()
+                          if sample is None or pid in sample}
+            self._finish_round(server_round, per_client, {"client_state_consistent": True})
             return []
         proxies = self._proxies_by_partition(client_manager, server_round)
+        if sample is not None:
+            proxies = {pid: proxy for pid, proxy in proxies.items() if pid in sample}
         deferred = set(self._fit_sample(server_round + 1, proxies)) if self._carries(server_round) else set()
         self._round["evaluations"] = []
         self._round["deferred"] = sorted(deferred)
@@ -561,6 +577,9 @@ class FedPersStrategy(ContractSide, Strategy):
             # share of each client's training samples held out as its validation split (0: none), and
             # how many samples that is per client
             "val_fraction": self.cfg.val_fraction,
+            # clients evaluated per evaluation round when a sample (eval_clients), else None: every client
+            "evaluation_sample": (self.cfg.eval_clients
+                                  if 0 < self.cfg.eval_clients < self.federation.num_clients else None),
             "client_val_sizes": [len(v) for v in self.federation.partition.val or ()],
             "aux_size": len(self.federation.partition.aux),
             "config": self.cfg.to_dict(),
