@@ -31,7 +31,7 @@ from torch import nn
 from clients.base import FedPersClient
 from fedpers.algorithms.fedeagd import ema_update, fedeagd_coefficients, fusion_coefficient, historical_distillation
 from fedpers.models import set_arrays
-from fedpers.training import eval_mode_features, frozen_copy
+from fedpers.training import features_in_both_modes, frozen_copy
 from fedpers.wire import BACKBONE_ONLY, server_round_of
 
 TEACHER_STATE = "ema_teacher"
@@ -91,13 +91,12 @@ class FedEAGDClient(FedPersClient):
         The drift that sets each sample's coefficient compares the student's and the teacher's features in
         the same mode (both eval mode, no dropout), so identical extractors have drift 0; the distillation
         loss itself is on the training-mode features, which carry the gradient."""
-        z = self.model.backbone(x)
-        loss = F.cross_entropy(self.model.classify(z), y)
         if self.teacher is None:
-            return loss
+            return F.cross_entropy(self.model(x), y)
+        z, z_matched = features_in_both_modes(self.model.backbone, x)  # one pass of the convolutions
+        loss = F.cross_entropy(self.model.classify(z), y)
         with torch.no_grad():
             t = self.teacher.backbone(x)
-            z_matched = eval_mode_features(self.model.backbone, x)
         drift, coef = fedeagd_coefficients(
             z_matched, t, adaptive=self.cfg.fedeagd_kd_weighting == "adaptive", base=self.cfg.fedeagd_kd_base,
             upper=self.cfg.fedeagd_kd_max, fixed=self.cfg.fedeagd_kd_fixed)

@@ -199,6 +199,34 @@ def eval_mode_features(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
         module.train(was_training)
 
 
+# Layers whose output depends on train/eval mode. Only dropout may be skipped to get eval-mode features out of
+# a training-mode pass; a backbone with any other of these (batch norm) takes the second pass.
+_MODE_DEPENDENT = (nn.modules.batchnorm._NormBase, nn.modules.dropout._DropoutNd)
+
+
+def features_in_both_modes(backbone: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(backbone(x)`` in the current mode, with gradient; the same features in eval mode, without)``.
+
+    FedEAGD's drift compares the student's eval-mode features with its teacher's while the student trains
+    (so identical extractors have drift 0). For a ``Sequential`` backbone whose only mode-dependent layers
+    are dropout, eval mode differs from training mode only by skipping them: the layers before the first
+    dropout (the convolutions, most of the cost) run once and both outputs continue from there. Otherwise
+    the eval-mode features take a second pass (:func:`eval_mode_features`)."""
+    layers = list(backbone) if isinstance(backbone, nn.Sequential) else []
+    if not layers or any(isinstance(m, _MODE_DEPENDENT) and not isinstance(m, nn.modules.dropout._DropoutNd)
+                         for m in backbone.modules()):
+        return backbone(x), eval_mode_features(backbone, x)
+    cut = next((i for i, layer in enumerate(layers) if isinstance(layer, nn.modules.dropout._DropoutNd)), len(layers))
+    trunk = backbone[:cut](x)
+    z = backbone[cut:](trunk)
+    with torch.no_grad():
+        z_eval = trunk.detach()
+        for layer in layers[cut:]:
+            if not isinstance(layer, nn.modules.dropout._DropoutNd):
+                z_eval = layer(z_eval)
+    return z, z_eval
+
+
 def frozen_copy(model: nn.Module) -> nn.Module:
     """A deep copy of ``model`` in eval mode with gradients switched off (teachers)."""
     teacher = copy.deepcopy(model)

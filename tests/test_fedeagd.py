@@ -392,3 +392,29 @@ def test_residual_init_key_starts_the_output_layer_at_zero_or_at_the_seeded_defa
     # a client without saved state starts each round from that init, not from the zeros
     for a, b in zip(first.personal_arrays(), get_arrays(first.model, "personal")):
         np.testing.assert_array_equal(a, b)
+
+
+def test_features_in_both_modes_are_a_training_pass_and_an_eval_pass_from_one_trunk():
+    """The drift's eval-mode features come from the same convolutions as the training features (one pass):
+    they equal a separate eval-mode pass exactly, and the training features equal a plain training pass
+    under the same dropout draw."""
+    from torch import nn
+
+    from fedpers.training import eval_mode_features, features_in_both_modes
+
+    model = build_model((3, 16, 16), 10, feature_dim=32, seed=0, kind="se_cnn")
+    model.train()
+    x = torch.randn(8, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(7)
+    z, z_eval = features_in_both_modes(model.backbone, x)
+    torch.manual_seed(7)
+    plain = model.backbone(x)
+    assert torch.equal(z, plain) and z.requires_grad and not z_eval.requires_grad
+    assert torch.equal(z_eval, eval_mode_features(model.backbone, x))
+    assert not torch.equal(z, z_eval)  # dropout acted on the training features only
+    assert model.training
+    # a backbone with batch norm cannot skip its mode: the second pass is taken
+    with_bn = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Dropout(0.5), nn.ReLU())
+    x = torch.randn(6, 4)
+    _, z_eval = features_in_both_modes(with_bn.train(), x)
+    assert torch.equal(z_eval, eval_mode_features(with_bn, x))
