@@ -37,9 +37,10 @@ def sets(*items: str) -> list[str]:
     return [a for item in (*TINY, *items) for a in ("--set", item)]
 
 
-def one_error_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
-    """The run was refused with exit 2 and exactly one ``fedpers: error:`` line naming ``needles``."""
-    assert proc.returncode == 2, proc.stdout + proc.stderr
+def one_error_line(proc: subprocess.CompletedProcess, *needles: str, code: int = 2) -> str:
+    """The run was refused with exit ``code`` (2: bad input) and exactly one ``fedpers: error:`` line naming
+    ``needles``."""
+    assert proc.returncode == code, proc.stdout + proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("fedpers: error: "), proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
@@ -54,9 +55,10 @@ def snapshot(directory: Path) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory) -> Path:
-    """One real 2-round run with a checkpoint, shared by the tests that must not change it."""
+    """One real 3-round run with a checkpoint, shared by the tests that must not change it (and the
+    uninterrupted run that an interrupted and resumed one must equal)."""
     out = tmp_path_factory.mktemp("finished") / "run"
-    proc = fedpers("run", *sets("rounds=2", f"checkpoint_dir={out / 'ckpt'}"), "--out", str(out))
+    proc = fedpers("run", *sets("rounds=3", f"checkpoint_dir={out / 'ckpt'}"), "--out", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (out / "summary.json").is_file()
     return out
@@ -76,16 +78,21 @@ def _first_metrics(out: Path) -> Path | None:
     return found[0] if found else None
 
 
-def interrupt_after_first_round(args: list[str], out: Path, *, settle: float = 0.0,
-                                timeout: float = 90) -> tuple[subprocess.Popen, float, str]:
-    """Start ``fedpers ARGS`` in its own session (so that every process it starts can be found), send it
-    SIGINT once a round is in ``out`` (and ``settle`` seconds more); return it, the seconds it took to exit
-    and its stderr."""
+def _default_signals() -> None:
     # SIGINT as a terminal's Ctrl-C finds it: a test runner started in the background (`make test &` in a
     # non-interactive shell) ignores SIGINT, and a child would inherit that
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def interrupt_after_first_round(args: list[str], out: Path, *, settle: float = 0.0, timeout: float = 90,
+                                sig: int = signal.SIGINT) -> tuple[subprocess.Popen, float, str]:
+    """Start ``fedpers ARGS`` in its own session (so that every process it starts can be found), send it
+    ``sig`` once a round is in ``out`` (and ``settle`` seconds more); return it, the seconds it took to exit
+    and its stderr."""
     proc = subprocess.Popen([sys.executable, "-m", "fedpers.cli", *args], cwd=ROOT, env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=_default_signals)
     try:
         deadline = time.monotonic() + 240
         while _first_metrics(out) is None:
@@ -93,7 +100,7 @@ def interrupt_after_first_round(args: list[str], out: Path, *, settle: float = 0
             time.sleep(0.2)
         time.sleep(settle)
         sent = time.monotonic()
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         _, stderr = proc.communicate(timeout=timeout)
         return proc, time.monotonic() - sent, stderr
     finally:
@@ -329,3 +336,56 @@ def test_sweep_passes_a_path_with_a_hash_unchanged(tmp_path):
     summaries = list(out.rglob("summary.json"))
     assert len(summaries) == 1 and summaries[0].is_relative_to(out / "runs")
     assert json.loads(summaries[0].read_text())["config"]["out_dir"] == str(summaries[0].parent)
+
+
+# --- Issue 32: the engine's own failures, SIGTERM, odd data and odd files ------------------------------------
+def _wait_until_gone(sid: int) -> list[str]:
+    """The live processes of session ``sid`` once none is left, or after 20 s those still there (the killed
+    ones of a run get a moment to be reaped)."""
+    deadline = time.monotonic() + 20
+    while _session_processes(sid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return _session_processes(sid)
+
+
+SET_REFUSAL_IMPORTS = """
+import sys
+from fedpers.cli import main
+code = main(sys.argv[1:])
+print("torch" in sys.modules)
+sys.exit(code)
+"""
+
+
+def test_set_values_are_kept_whole_and_a_bad_core_value_is_refused_without_torch(tmp_path):
+    proc = fedpers("config", "--set", "out_dir=runs/sweep #2/a", "--set", "wandb_project=a: b # c",
+                   "--set", "rounds=3", "--set", 'data_dir="x #1"')
+    assert proc.returncode == 0, proc.stderr
+    resolved = __import__("yaml").safe_load(proc.stdout)
+    assert (resolved["out_dir"], resolved["wandb_project"], resolved["rounds"], resolved["data_dir"]) == (
+        "runs/sweep #2/a", "a: b # c", 3, "x #1")
+    proc = subprocess.run([sys.executable, "-c", SET_REFUSAL_IMPORTS, "run", "--set", "rounds=ten"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT, env=ENV)
+    one_error_line(proc, "config key 'rounds': expected int, got str 'ten'")
+    assert proc.stdout.strip() == "False"  # refused before the methods' modules (and torch) were imported
+
+
+@pytest.mark.parametrize("content, needles", [
+    ("[a, b]: 1\n", ["is not valid YAML (line 1): a key must be a name, got a list"]),
+    ("seed: " + "9" * 5000 + "\n", ["is not valid YAML (line 1): a number of 5000 characters is not a config value"]),
+    ("alpha: " + "x" * 5000 + "\n", ["config key 'alpha': expected float", "(4802 more characters)"]),
+    ("# padding\n" * 110_000, ["has 1,100,000 bytes; a config file holds at most 1,048,576"]),
+], ids=["list_key", "5000_digits", "5000_char_value", "too_large"])
+def test_odd_config_files_are_one_short_line(tmp_path, content, needles):
+    config = tmp_path / "c.yaml"
+    config.write_text(content)
+    line = one_error_line(fedpers("config", str(config)), *needles)
+    assert len(line) < 400
+
+
+@pytest.mark.parametrize("sets_, needle", [
+    (["seed=18446744073709551616"], "config key 'seed': must be below 2**63"),
+    (["faulty_clients=1,99", "num_clients=2"], "config key 'faulty_clients': client 99 does not exist (num_clients=2: ids 0..1)"),
+])
+def test_values_that_would_fail_after_the_engine_started_are_refused_at_config_time(sets_, needle):
+    one_error_line(fedpers("config", *[a for s_ in sets_ for a in ("--set", s_)]), needle)
