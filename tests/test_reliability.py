@@ -370,6 +370,56 @@ def test_set_values_are_kept_whole_and_a_bad_core_value_is_refused_without_torch
     assert proc.stdout.strip() == "False"  # refused before the methods' modules (and torch) were imported
 
 
+def _npz(path: Path, x_train, y_train, x_test=None, y_test=None) -> Path:
+    rng = np.random.default_rng(0)
+    x_test = rng.integers(0, 255, (50, 8, 8), dtype=np.uint8) if x_test is None else x_test
+    np.savez(path, x_train=x_train, y_train=y_train, x_test=x_test, y_test=np.arange(50) % 10 if y_test is None else y_test)
+    return path
+
+
+def _run_on(data: Path, out: Path) -> subprocess.CompletedProcess:
+    return fedpers("run", *sets("rounds=1", f"dataset={data}", "num_clients=2", "aux_size=0"), "--out", str(out))
+
+
+def test_data_with_a_single_class_is_refused(tmp_path):
+    rng = np.random.default_rng(0)
+    data = _npz(tmp_path / "oneclass.npz", rng.integers(0, 255, (200, 8, 8), dtype=np.uint8), np.zeros(200, int),
+                y_test=np.zeros(50, int))
+    one_error_line(_run_on(data, tmp_path / "o"), "oneclass: y_train holds a single class (0)")
+
+
+@pytest.mark.parametrize("case", ["huge", "inf"])
+def test_a_huge_or_infinite_float_pixel_is_refused_without_warnings(tmp_path, case):
+    rng = np.random.default_rng(0)
+    x = rng.random((200, 8, 8)).astype(np.float32)
+    x_test = rng.random((50, 8, 8)).astype(np.float32)
+    if case == "huge":
+        x[3, 2, 2] = 3e38  # finite, but its square overflows float32
+        needle = "huge: x_train holds a pixel of magnitude 3e+38"
+    else:
+        x_test[0, 0, 0] = np.inf
+        needle = "inf: x_test contains NaN or Inf pixels"
+    one_error_line(_run_on(_npz(tmp_path / f"{case}.npz", x, np.arange(200) % 10, x_test), tmp_path / "o"), needle)
+
+
+def test_standardisation_of_large_float_pixels_is_not_zeros():
+    from fedpers.data import from_arrays
+
+    rng = np.random.default_rng(0)
+    x = rng.random((200, 8, 8)).astype(np.float32)
+    x[:40, 0, 0] = 5e18  # below the refusal, yet the float32 sum of squares would overflow
+    data = from_arrays("large", x, np.arange(200) % 10, x[:50], np.arange(50) % 10)
+    assert np.isfinite(data.x_train).all() and np.count_nonzero(data.x_train) == data.x_train.size
+    assert abs(float(data.x_train.std(dtype=np.float64)) - 1.0) < 1e-3
+
+
+def test_images_too_small_for_the_model_are_refused(tmp_path):
+    rng = np.random.default_rng(0)
+    data = _npz(tmp_path / "tiny.npz", rng.integers(0, 255, (200, 2, 2), dtype=np.uint8), np.arange(200) % 10,
+                rng.integers(0, 255, (50, 2, 2), dtype=np.uint8))
+    one_error_line(_run_on(data, tmp_path / "o"), "images of 2x2 pixels are too small for model cnn")
+
+
 @pytest.mark.parametrize("content, needles", [
     ("[a, b]: 1\n", ["is not valid YAML (line 1): a key must be a name, got a list"]),
     ("seed: " + "9" * 5000 + "\n", ["is not valid YAML (line 1): a number of 5000 characters is not a config value"]),
