@@ -420,6 +420,40 @@ def test_images_too_small_for_the_model_are_refused(tmp_path):
     one_error_line(_run_on(data, tmp_path / "o"), "images of 2x2 pixels are too small for model cnn")
 
 
+def _fake_sweep(tmp_path: Path) -> tuple[Path, Path]:
+    """A sweep directory (its sweep.json written by the real CLI) with one finished run written here."""
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("base: {rounds: 2}\ndatasets: [digits]\nalphas: [1.0]\nseeds: [0]\nmethods: [fedper]\n")
+    out = tmp_path / "sweep"
+    assert fedpers("sweep", str(sweep), "--out", str(out), "--report-only").returncode == 0
+    run = out / "runs" / "fedper" / "digits_a1" / "seed0"
+    run.mkdir(parents=True)
+    rounds = [{"round": r, "personalized_macro_acc": 0.5 + r / 10, "per_client_acc": {"0": 0.5}} for r in (1, 2)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rounds))
+    final = {"personalized_macro_acc": 0.7, "personalized_weighted_acc": 0.7, "global_acc": None}
+    (run / "summary.json").write_text(json.dumps({"metric": "personalized_macro_acc", "final": final, "best": final,
+                                                  "mean_last_5_evaluated": final, "rounds": 2}))
+    return out, run
+
+
+@pytest.mark.parametrize("case", ["no_such_metric", "torn_metrics", "truncated_summary"])
+def test_report_refuses_an_unknown_metric_and_torn_files_and_writes_nothing(tmp_path, case):
+    out, run = _fake_sweep(tmp_path)
+    args = []
+    if case == "no_such_metric":
+        args, needles = ["--metric", "no_such_metric"], ["'no_such_metric' is not a metric of these runs",
+                                                         "personalized_macro_acc, personalized_weighted_acc"]
+    elif case == "torn_metrics":
+        (run / "metrics.jsonl").write_text((run / "metrics.jsonl").read_text()[:-20])
+        needles = [f"{run / 'metrics.jsonl'} line 2 is not a whole JSON record"]
+    else:
+        (run / "summary.json").write_text((run / "summary.json").read_text()[:30])
+        needles = [f"{run / 'summary.json'} is not a whole summary.json"]
+    before = snapshot(out)
+    one_error_line(fedpers("report", str(out), *args), *needles)
+    assert snapshot(out) == before  # the tables of the last report are as they were
+
+
 @pytest.mark.parametrize("content, needles", [
     ("[a, b]: 1\n", ["is not valid YAML (line 1): a key must be a name, got a list"]),
     ("seed: " + "9" * 5000 + "\n", ["is not valid YAML (line 1): a number of 5000 characters is not a config value"]),
