@@ -473,3 +473,17 @@ def test_odd_config_files_are_one_short_line(tmp_path, content, needles):
 ])
 def test_values_that_would_fail_after_the_engine_started_are_refused_at_config_time(sets_, needle):
     one_error_line(fedpers("config", *[a for s_ in sets_ for a in ("--set", s_)]), needle)
+
+
+def test_certs_never_replace_a_users_file_nor_take_a_file_or_no_nodes(tmp_path):
+    d = tmp_path / "pki"
+    d.mkdir()
+    (d / "server.key").write_text("my own key")
+    one_error_line(fedpers("deploy", "certs", "--out", str(d), "--nodes", "1"), "already holds server.key but no CA")
+    one_error_line(fedpers("deploy", "certs", "--out", str(d), "--nodes", "1", "--force"), "server.key", "no CA")
+    assert sorted(p.name for p in d.iterdir()) == ["server.key"] and (d / "server.key").read_text() == "my own key"
+    f = tmp_path / "afile"
+    f.write_text("x")
+    one_error_line(fedpers("deploy", "certs", "--out", str(f)), f"--out {f} is a file")
+    one_error_line(fedpers("deploy", "certs", "--out", str(tmp_path / "new"), "--nodes", "-2"), "--nodes must be >= 1")
+    assert not (tmp_path / "new").exists()
