@@ -370,6 +370,15 @@ def test_set_values_are_kept_whole_and_a_bad_core_value_is_refused_without_torch
     assert proc.stdout.strip() == "False"  # refused before the methods' modules (and torch) were imported
 
 
+def test_resume_with_fewer_rounds_than_the_checkpoint_is_refused(finished_run, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    before = snapshot(out)
+    proc = fedpers("run", *sets("rounds=2", f"checkpoint_dir={out / 'ckpt'}", "resume=true"), "--out", str(out))
+    one_error_line(proc, "config key 'rounds'", "holds 3 rounds, more than rounds=2")
+    assert snapshot(out) == before
+
+
 def _npz(path: Path, x_train, y_train, x_test=None, y_test=None) -> Path:
     rng = np.random.default_rng(0)
     x_test = rng.integers(0, 255, (50, 8, 8), dtype=np.uint8) if x_test is None else x_test
