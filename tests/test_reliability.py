@@ -484,6 +484,16 @@ def test_values_that_would_fail_after_the_engine_started_are_refused_at_config_t
     one_error_line(fedpers("config", *[a for s_ in sets_ for a in ("--set", s_)]), needle)
 
 
+def test_an_unreachable_ray_address_is_one_line(tmp_path):
+    import socket
+
+    with socket.socket() as s_:  # a port nothing listens on once this socket is closed
+        s_.bind(("127.0.0.1", 0))
+        port = s_.getsockname()[1]
+    one_error_line(fedpers("run", *sets("rounds=1", f"ray_address=127.0.0.1:{port}"), "--out", str(tmp_path / "o")),
+                   f"config key 'ray_address': no Ray cluster answers at 127.0.0.1:{port}")
+
+
 def test_certs_never_replace_a_users_file_nor_take_a_file_or_no_nodes(tmp_path):
     d = tmp_path / "pki"
     d.mkdir()
