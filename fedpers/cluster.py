@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import socket
 
-from fedpers.errors import ConfigError, DataError, cut
+from fedpers.errors import ConfigError, DataError, cut, shown
 from fedpers.schema import Config
 
 
@@ -57,13 +57,14 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
     host, sep, port = address.rpartition(":")
     if not sep or "://" in address or not host:
         return
-    if not port.isdigit():
-        raise ConfigError(f"config key 'ray_address': expected HOST:PORT, got {address!r}")
+    if not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"config key 'ray_address': expected HOST:PORT, got {shown(address)}")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"config key 'ray_address': no Ray cluster answers at {address} "
-                          f"({exc.strerror or type(exc).__name__ if isinstance(exc, OSError) else exc})") from None
+    except OSError as exc:  # refused, unknown host, no route, timed out
+        reason = exc.strerror or type(exc).__name__
+        raise ConfigError(f"config key 'ray_address': no Ray cluster answers at {cut(address)} "
+                          f"({reason})") from None
 
 
 def check_data_on_nodes(cfg: Config, timeout_s: float = 120.0) -> int:
