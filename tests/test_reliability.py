@@ -348,6 +348,77 @@ def _wait_until_gone(sid: int) -> list[str]:
     return _session_processes(sid)
 
 
+def _accuracies(out: Path) -> list[tuple]:
+    return [(r["round"], r["personalized_macro_acc"], r["per_client_acc"], r.get("global_acc"))
+            for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())]
+
+
+@pytest.mark.simulation
+def test_sigterm_during_a_round_ends_the_run_as_ctrl_c_and_resume_gives_the_uninterrupted_numbers(
+        finished_run, tmp_path):
+    out = tmp_path / "run"
+    keys = sets("rounds=3", f"checkpoint_dir={out / 'ckpt'}", f"client_state_dir={out / 'state'}")
+    proc, _, stderr = interrupt_after_first_round(["run", *keys, "--out", str(out)], out, sig=signal.SIGTERM)
+    assert proc.returncode == 143, stderr
+    assert [line for line in stderr.splitlines() if line.startswith("fedpers:")] == ["fedpers: terminated"], stderr
+    assert "Traceback" not in stderr
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert lines and all(isinstance(json.loads(line), dict) for line in lines)  # every line whole JSON
+    assert not (out / "summary.json").exists()  # it stopped inside the run
+    assert _wait_until_gone(proc.pid) == []
+    resumed = fedpers("run", *keys, "--set", "resume=true", "--out", str(out))
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert _accuracies(out) == _accuracies(finished_run)  # rounds 1-3 once each, the same numbers
+
+
+ENGINE_FAILS = """
+import sys, threading
+import ray  # noqa: F401  (as in a simulation: Ray is loaded)
+import fedpers.simulation as simulation
+
+def failing_engine(cfg, verbose=False):
+    # stands for Flower's ServerApp thread, which waits for replies that never come: not a daemon
+    threading.Thread(target=threading.Event().wait, name="serverapp").start()
+    raise RuntimeError("An error was encountered. Ending simulation.") from ValueError("ActorPool is empty")
+
+simulation.run_simulation = failing_engine
+from fedpers.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_an_error_from_the_engine_is_one_line_and_the_command_ends(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", ENGINE_FAILS, "run", *sets("rounds=1"), "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT, env=ENV)
+    one_error_line(proc, "the simulation engine failed (ValueError: ActorPool is empty)", "--verbose", code=1)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA GPU is present")
+@pytest.mark.parametrize("resource, needles", [
+    ("client_cpus=64", ["config key 'client_cpus': 64 CPUs per client, but this machine has"]),
+    ("client_gpus=1", ["config key 'client_gpus': 1 GPUs per client, but this machine has no CUDA GPU"]),
+])
+def test_resources_the_machine_does_not_have_are_refused_before_ray_starts(tmp_path, resource, needles):
+    if resource == "client_cpus=64" and (os.cpu_count() or 1) >= 64:
+        pytest.skip("this machine has 64 cores")
+    one_error_line(fedpers("run", *sets("rounds=1", resource), "--out", str(tmp_path / "o")), *needles)
+    assert not (tmp_path / "o" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("args", [["--out", ""], ["--set", "out_dir="], ["--set", "out_dir=  "]])
+def test_an_empty_out_dir_is_refused(args):
+    before = sorted(p.name for p in ROOT.iterdir())
+    one_error_line(fedpers("run", *sets("rounds=1"), *args), "config key 'out_dir': must name a directory")
+    assert sorted(p.name for p in ROOT.iterdir()) == before  # nothing written in the current directory
+
+
+def test_an_empty_out_is_refused_by_sweep_and_certs(tmp_path):
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("base: {rounds: 1}\ndatasets: [digits]\nalphas: [1.0]\nseeds: [0]\nmethods: [fedper]\n")
+    one_error_line(fedpers("sweep", str(sweep), "--out", ""), "--out must name a directory")
+    one_error_line(fedpers("deploy", "certs", "--out", " "), "--out must name a directory")
+
+
 SET_REFUSAL_IMPORTS = """
 import sys
 from fedpers.cli import main
@@ -368,6 +439,17 @@ def test_set_values_are_kept_whole_and_a_bad_core_value_is_refused_without_torch
                           capture_output=True, text=True, timeout=120, cwd=ROOT, env=ENV)
     one_error_line(proc, "config key 'rounds': expected int, got str 'ten'")
     assert proc.stdout.strip() == "False"  # refused before the methods' modules (and torch) were imported
+
+
+def test_a_sweeps_set_keeps_the_whole_value_and_the_keys_type(tmp_path):
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("base: {rounds: 1}\ndatasets: [digits]\nalphas: [1.0]\nseeds: [0]\nmethods: [fedper]\n")
+    out = tmp_path / "sweep"
+    proc = fedpers("sweep", str(sweep), "--out", str(out), "--report-only", "--set", "wandb_project=x #1: y",
+                   "--set", "rounds=3", "--set", "tensorboard=true")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    base = json.loads((out / "sweep.json").read_text())["sweep"]["base"]
+    assert base == {"rounds": 3, "wandb_project": "x #1: y", "tensorboard": True}
 
 
 def test_resume_with_fewer_rounds_than_the_checkpoint_is_refused(finished_run, tmp_path):
@@ -429,6 +511,36 @@ def test_images_too_small_for_the_model_are_refused(tmp_path):
     one_error_line(_run_on(data, tmp_path / "o"), "images of 2x2 pixels are too small for model cnn")
 
 
+def test_keys_of_another_method_are_named_in_one_warning(tmp_path):
+    proc = fedpers("config", "--set", "method=fedavg", "--set", "ditto_lambda=1", "--set", "fedeagd_ema_decay=0.9")
+    assert proc.returncode == 0 and proc.stderr.splitlines() == [
+        "fedpers: warning: method fedavg ignores ditto_lambda (ditto), fedeagd_ema_decay (fedeagd)"], proc.stderr
+    config = tmp_path / "c.yaml"
+    config.write_text("method: fedavg\njdfl_m: 3\n")  # an extension's key while it is off
+    proc = fedpers("config", str(config))
+    assert proc.stderr.splitlines() == ["fedpers: warning: method fedavg ignores jdfl_m (jdfl)"], proc.stderr
+    proc = fedpers("config", "--shared", "ditto_lambda=1", "--set", "method=fedavg")  # a sweep's base: no warning
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+
+
+def test_a_sweeps_base_may_carry_other_methods_keys_but_a_rows_own_set_is_warned_about(tmp_path):
+    from fedpers.sweep import load_sweep, plan, run_command
+
+    sweep_file = tmp_path / "s.yaml"
+    sweep_file.write_text("base: {rounds: 1, ditto_lambda: 0.5}\ndatasets: [digits]\nalphas: [1.0]\nseeds: [0]\n"
+                          "methods: [fedavg, ditto, {label: odd, method: fedper, set: {fedeagd_ema_decay: 0.9}}]\n")
+    sweep = load_sweep(sweep_file)
+    warnings = {}
+    for run in plan(sweep, tmp_path / "out"):
+        cmd = run_command(sweep, run)
+        assert cmd[3] == "run" and ["--shared", "ditto_lambda=0.5"] in [cmd[i:i + 2] for i in range(len(cmd))]
+        proc = fedpers("config", *cmd[4:])  # the run's own command line, resolved by the real CLI
+        assert proc.returncode == 0, proc.stderr
+        warnings[run.run_key] = proc.stderr.splitlines()
+    assert warnings == {"fedavg": [], "ditto": [], "fedper_fedeagd_ema_decay=0.9": [
+        "fedpers: warning: method fedper ignores fedeagd_ema_decay (fedeagd)"]}
+
+
 def _fake_sweep(tmp_path: Path) -> tuple[Path, Path]:
     """A sweep directory (its sweep.json written by the real CLI) with one finished run written here."""
     sweep = tmp_path / "s.yaml"
@@ -461,6 +573,24 @@ def test_report_refuses_an_unknown_metric_and_torn_files_and_writes_nothing(tmp_
     before = snapshot(out)
     one_error_line(fedpers("report", str(out), *args), *needles)
     assert snapshot(out) == before  # the tables of the last report are as they were
+
+
+@pytest.mark.parametrize("content, needles", [
+    ("- a\n- b\n", ["must be a mapping", "got list"]),
+    (b"\x89PNG\r\n\x1a\n\x00\xff", ["is not a text file"]),
+    ("base: [1, 2]\ndatasets: [digits]\nalphas: [1.0]\nseeds: [0]\nmethods: [fedper]\n",
+     ["'base' must be a mapping of config key: value, got list"]),
+    ("base: {rounds: 1}\ndatasets: [digits]\nalphas: [1.0]\nseeds: [0]\nmethods: [{method: fedper, set: [1]}]\n",
+     ["'fedper: set' must be a mapping of config key: value, got list"]),
+    ("base: {rounds: 1}\ndatasets: [digits, mnsit]\nalphas: [1.0]\nseeds: [0]\nmethods: [fedper]\n",
+     ["run fedper/mnsit", "unknown dataset 'mnsit'"]),
+    ("base: {rounds: 1}\ndatasets: [digits]\nalphas: [1.0]\nseeds: [.inf]\nmethods: [fedper]\n",
+     ["'seeds' must list integers, got inf"]),
+], ids=["list", "binary", "list_base", "list_set", "second_dataset_typo", "infinite_seed"])
+def test_malformed_sweep_files_are_one_line_before_any_run(tmp_path, content, needles):
+    sweep = tmp_path / "s.yaml"
+    sweep.write_bytes(content if isinstance(content, bytes) else content.encode())
+    one_error_line(fedpers("sweep", str(sweep), "--out", str(tmp_path / "o"), "--dry-run"), *needles)
 
 
 @pytest.mark.parametrize("content, needles", [
