@@ -21,7 +21,7 @@ from flwr.serverapp import Grid
 from fedpers.checkpoint import checkpoint_path, load_checkpoint
 from fedpers.client_app import config_of
 from fedpers.config import Config
-from fedpers.errors import FedpersError
+from fedpers.errors import ConfigError, FedpersError
 from fedpers.partition import save_partition
 from fedpers.prompt_grid import PromptReplyGrid
 from fedpers.registry import federation_for, strategy_class_for
@@ -70,7 +70,12 @@ def checkpoint_to_resume(cfg: Config) -> dict | None:
         raise FedpersError("config key 'resume': resume=true needs checkpoint_dir")
     if not checkpoint_path(cfg.checkpoint_dir).is_file():
         return None
-    return load_checkpoint(cfg.checkpoint_dir, cfg)
+    state = load_checkpoint(cfg.checkpoint_dir, cfg)
+    done = int(state["round"])
+    if done > cfg.rounds:  # the summary would say rounds=cfg.rounds and hold the checkpoint's later rounds
+        raise ConfigError(f"config key 'rounds': the checkpoint {checkpoint_path(cfg.checkpoint_dir)} holds "
+                          f"{done} rounds, more than rounds={cfg.rounds}; resume with rounds >= {done}")
+    return state
 
 
 def _resume(cfg: Config, strategy, config: ServerConfig, state: dict) -> ServerAppComponents:

@@ -8,7 +8,9 @@
     fedpers deploy local --clients N [CONFIG.yaml] [--set ...] --out DIR   SuperLink + N SuperNodes, TLS
 
 Bad input (unknown key, wrong type, missing data file, impossible split) prints one line
-``fedpers: error: ...`` and exits with code 2, before any training starts.
+``fedpers: error: ...`` and exits with code 2, before any training starts; a failure of the simulation
+engine itself prints one line and exits with code 1. Ctrl-C ends a command with exit code 130, SIGTERM
+(``kill``, Slurm, docker) the same way with 143.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import time
 import yaml
 
 from fedpers.config import Config, full_schema, load_config
-from fedpers.errors import FedpersError
+from fedpers.errors import EngineError, FedpersError, Interrupted, cut
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,6 +36,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("config", nargs="?", help="YAML file of config keys (default: schema defaults)")
     run.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                      help="override a config key (repeatable)")
+    run.add_argument("--shared", action="append", default=[], metavar="KEY=VALUE",
+                     help="as --set, applied first, for a key shared by runs of several methods (what a sweep "
+                          "passes from its base): no warning when this run's method ignores it")
     run.add_argument("--out", help="output directory (same as --set out_dir=DIR)")
     run.add_argument("--overwrite", action="store_true",
                      help="replace the run already in --out (without it such a directory is refused)")
@@ -63,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     show = sub.add_parser("config", help="print the resolved config")
     show.add_argument("config", nargs="?")
     show.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    show.add_argument("--shared", action="append", default=[], metavar="KEY=VALUE", help="as on `fedpers run`")
     show.add_argument("--keys", action="store_true", help="list every key with its help text")
     sub.add_parser("methods", help="list the registered methods")
     schema = sub.add_parser("schema", help="the pyproject.toml run-config table generated from the config schema")
@@ -91,13 +97,27 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def resolve(args: argparse.Namespace) -> Config:
-    """Defaults <- YAML <- --set <- --out, validated."""
-    extra = {"out_dir": args.out} if getattr(args, "out", None) else {}
+    """Defaults <- --shared <- YAML <- --set <- --out, validated; warns about keys the method ignores."""
+    extra = {"out_dir": args.out} if getattr(args, "out", None) is not None else {}  # --out "" is refused
     if getattr(args, "tensorboard", False):
         extra["tensorboard"] = True
     if getattr(args, "overwrite", False):
         extra["overwrite"] = True
-    return load_config(args.config, args.sets, **extra)
+    cfg = load_config(args.config, args.sets, shared=getattr(args, "shared", []), **extra)
+    warn_ignored_keys(cfg, args.config, args.sets)
+    return cfg
+
+
+def warn_ignored_keys(cfg: Config, path: str | None, sets: list[str]) -> None:
+    """One warning line naming the keys of the run's own config file and ``--set`` that its method ignores
+    (another method's keys, an extension's that is off): such a run is not the experiment its command
+    reads as. A sweep passes its shared base with ``--shared``, which is not looked at here."""
+    from fedpers.config import ignored_keys, load_yaml, parse_set_arguments
+
+    given = {**(load_yaml(path) if path else {}), **parse_set_arguments(sets)}
+    ignored = ignored_keys(cfg, given)
+    if ignored:
+        print(f"fedpers: warning: method {cfg.method} ignores {', '.join(ignored)}", file=sys.stderr, flush=True)
 
 
 def preflight(cfg: Config, *, simulation: bool = True) -> None:
@@ -108,6 +128,8 @@ def preflight(cfg: Config, *, simulation: bool = True) -> None:
     from fedpers.training import resolve_device
 
     resolve_device(cfg.device)
+    if simulation and not cfg.ray_address:
+        check_client_resources(cfg)
     if cfg.wandb != "off":
         from fedpers.results import wandb_module
 
@@ -125,6 +147,22 @@ def preflight(cfg: Config, *, simulation: bool = True) -> None:
     print(f"fedpers | {cfg.method} on {fed.dataset.name}: {fed.num_clients} clients "
           f"({min(sizes)}-{max(sizes)} train samples each), |Ds|={len(fed.partition.aux)}, "
           f"{cfg.rounds} rounds, results -> {cfg.out_dir}", flush=True)
+
+
+def check_client_resources(cfg: Config) -> None:
+    """Refuse ``client_cpus`` / ``client_gpus`` that this machine does not have: Ray would start, place no
+    client actor ("ActorPool is empty") and the run would hang instead of failing."""
+    import torch
+
+    cpus = os.cpu_count() or 1
+    if cfg.client_cpus > cpus:
+        raise FedpersError(f"config key 'client_cpus': {cfg.client_cpus:g} CPUs per client, but this machine has "
+                           f"{cpus}: no client could be placed (at most {cpus})")
+    gpus = torch.cuda.device_count() if cfg.client_gpus > 0 else 0
+    if cfg.client_gpus > gpus:
+        have = "no CUDA GPU" if gpus == 0 else f"{gpus} GPU{'s' if gpus > 1 else ''}"
+        raise FedpersError(f"config key 'client_gpus': {cfg.client_gpus:g} GPUs per client, but this machine has "
+                           f"{have}: no client could be placed (client_gpus=0 trains on the CPUs)")
 
 
 def check_memory(cfg: Config, fed) -> None:
@@ -164,7 +202,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     with RunLock(cfg.out_dir):
-        run_simulation(cfg, verbose=args.verbose)
+        try:
+            run_simulation(cfg, verbose=args.verbose)
+        except FedpersError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever the engine raises ends the command in one line
+            raise EngineError(f"the simulation engine failed ({_root_cause(exc)}); finished rounds are in "
+                              f"{cfg.out_dir}/metrics.jsonl, --verbose shows Flower's and Ray's logs") from None
     try:
         summary = read_summary(cfg.out_dir)
     except FileNotFoundError:
@@ -173,6 +217,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"fedpers | done in {time.perf_counter() - t0:.1f} s: final {metric} = "
           f"{summary['final'].get(metric)} | {cfg.out_dir}/metrics.jsonl, {cfg.out_dir}/summary.json", flush=True)
     return 0
+
+
+def _root_cause(exc: BaseException) -> str:
+    """``Type: message`` of the innermost cause of ``exc`` (Flower wraps the engine's errors in a
+    RuntimeError saying only that the simulation ended), cut for an error line."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {cut(text[0])}" if text else type(exc).__name__
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -191,7 +244,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from fedpers.report import report
     from fedpers.sweep import load_sweep, plan, run_sweep
 
+    if not args.out.strip():
+        raise FedpersError("--out must name a directory, not be empty")
     sweep = load_sweep(args.sweep, args.sets, args.datasets)
+    if not args.report_only:
+        from fedpers.sweep import check_datasets
+
+        check_datasets(sweep, args.sweep)
     if args.dry_run:
         for run in plan(sweep, args.out):
             print(run.run_dir)
@@ -260,6 +319,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         raise FedpersError("--clients must be >= 1")
     cfg = load_config(args.config, args.sets + [f"num_clients={args.clients}"], out_dir=args.out,
                       **({"overwrite": True} if args.overwrite else {}))
+    warn_ignored_keys(cfg, args.config, args.sets)
     preflight(cfg, simulation=False)
     t0 = time.perf_counter()
     summary = deploy.deploy_local(cfg, args.clients, args.out, isolation=args.isolation, timeout=args.timeout)
@@ -275,46 +335,59 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     handler = {"run": cmd_run, "config": cmd_config, "methods": cmd_methods, "sweep": cmd_sweep, "report": cmd_report,
                "schema": cmd_schema, "deploy": cmd_deploy}[args.command]
+    # only where the signal has its default action: a SIGINT ignored by the shell (a background job) stays so
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _interrupt)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _interrupt)
     try:
         return handler(args)
     except FedpersError as exc:
-        print(f"fedpers: error: {exc}", file=sys.stderr)
-        return 2
+        print(f"fedpers: error: {exc}", file=sys.stderr, flush=True)
+        if "ray" in sys.modules:  # the engine's threads may still wait for replies: do not join them
+            exit_now(exc.exit_code)
+        return exc.exit_code
     except KeyboardInterrupt:
         _say_interrupted()
-        exit_now(130)
-    return 130  # not reached
+        exit_now(_exit_code)
+    return _exit_code  # not reached
 
 
 # After Ctrl-C, this long for the run to unwind (Flower stops its Ray actors, Ray shuts down) before the
 # command ends anyway (ours): nothing on that path has a timeout (Flower's engine calls ray.shutdown()),
 # and on one CI machine the exit took 48.5 s where it takes 1.5 s here.
 INTERRUPT_GRACE_S = 10.0
+# The exit code and the word of each signal that ends a command: the shell's 128 + signal number.
+SIGNAL_EXITS = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "terminated")}
 _interrupted = False
 _said_interrupted = False
+_exit_code, _ended_word = SIGNAL_EXITS[signal.SIGINT]
 
 
 def _interrupt(signum, frame) -> None:
-    """Ctrl-C: silence Flower's logger, make sure a simulation ends within :data:`INTERRUPT_GRACE_S`,
-    then stop the way Python does (KeyboardInterrupt).
+    """Ctrl-C or SIGTERM: silence Flower's logger, make sure a simulation ends within
+    :data:`INTERRUPT_GRACE_S`, then stop the way Python does on Ctrl-C (a KeyboardInterrupt, here
+    :class:`fedpers.errors.Interrupted` naming the signal); the command exits with 130 or 143.
 
-    Flower's simulation engine stops its Ray actors as the interrupt unwinds through it, and its worker
-    threads log every message the stopped actors drop with a full traceback. The run is ending on purpose
-    and says so in one line (``fedpers: interrupted``). In a simulation a second Ctrl-C (a sweep's run gets
-    the terminal's and then the sweep's) changes nothing: the first one's deadline stands; in a deployment
-    it cuts the graceful stop of its processes short, as before."""
-    global _interrupted
+    SIGTERM (what ``kill``, Slurm and docker send) takes the same path as Ctrl-C: its default action would
+    end the process without unwinding, and Ray's own handler dumps its stacks. Flower's simulation engine
+    stops its Ray actors as the interrupt unwinds through it, and its worker threads log every message the
+    stopped actors drop with a full traceback. The run is ending on purpose and says so in one line
+    (``fedpers: interrupted`` / ``fedpers: terminated``). In a simulation a second signal (a sweep's run
+    gets the terminal's Ctrl-C and then the sweep's) changes nothing: the first one's deadline and exit code
+    stand; in a deployment it cuts the graceful stop of its processes short, as before."""
+    global _interrupted, _exit_code, _ended_word
     simulating = "ray" in sys.modules  # only a simulation has Ray to wait for; a deployment stops its own
     if _interrupted and simulating:
         return
+    if not _interrupted:
+        _exit_code, _ended_word = SIGNAL_EXITS.get(signum, SIGNAL_EXITS[signal.SIGINT])
     _interrupted = True
     logging.getLogger("flwr").disabled = True
     if simulating:
         threading.Thread(target=_end_after, args=(INTERRUPT_GRACE_S,), name="fedpers-interrupt-deadline",
                          daemon=True).start()
-    raise KeyboardInterrupt
+    raise Interrupted(signum)
 
 
 def _end_after(seconds: float) -> None:
@@ -322,14 +395,14 @@ def _end_after(seconds: float) -> None:
     started now (every results file is written line by line, every checkpoint atomically)."""
     time.sleep(seconds)
     if not _said_interrupted:
-        print(f"fedpers: interrupted (ended after {seconds:.0f} s of shutting down)", file=sys.stderr, flush=True)
-    _end(130)
+        print(f"fedpers: {_ended_word} (ended after {seconds:.0f} s of shutting down)", file=sys.stderr, flush=True)
+    _end(_exit_code)
 
 
 def _say_interrupted() -> None:
     global _said_interrupted
     _said_interrupted = True
-    print("fedpers: interrupted", file=sys.stderr, flush=True)
+    print(f"fedpers: {_ended_word}", file=sys.stderr, flush=True)
 
 
 def exit_now(code: int) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import socket
 
-from fedpers.errors import DataError
+from fedpers.errors import ConfigError, DataError, cut, shown
 from fedpers.schema import Config
 
 
@@ -50,15 +50,37 @@ def _readable(paths: list[str]) -> tuple[str, str, list[str]]:
     return ray.get_runtime_context().get_node_id(), socket.gethostname(), missing
 
 
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """A ``HOST:PORT`` Ray address accepts a TCP connection within ``timeout_s``: ``ray.init`` retries an
+    unreachable address for minutes before it fails with a traceback. Other forms (``auto``,
+    ``ray://...``) are left to Ray."""
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not host:
+        return
+    if not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"config key 'ray_address': expected HOST:PORT, got {shown(address)}")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:  # refused, unknown host, no route, timed out
+        reason = exc.strerror or type(exc).__name__
+        raise ConfigError(f"config key 'ray_address': no Ray cluster answers at {cut(address)} "
+                          f"({reason})") from None
+
+
 def check_data_on_nodes(cfg: Config, timeout_s: float = 120.0) -> int:
     """Connect to ``cfg.ray_address``, run a tiny task pinned to every alive node that checks the run's
     data paths, disconnect. Returns the number of alive nodes; a node that cannot read a path is a
     DataError naming the node and the path. ``timeout_s`` bounds the wait for a node to answer."""
+    check_reachable(cfg.ray_address)
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     paths = data_paths(cfg)
-    ray.init(address=cfg.ray_address, logging_level="ERROR", log_to_driver=False)
+    try:
+        ray.init(address=cfg.ray_address, logging_level="ERROR", log_to_driver=False)
+    except Exception as exc:  # noqa: BLE001 - unreachable, not a Ray cluster, another Ray version: one line
+        raise ConfigError(f"config key 'ray_address': cannot join the Ray cluster at {cfg.ray_address} "
+                          f"({type(exc).__name__}: {cut(str(exc).strip())})") from None
     try:
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         probe = ray.remote(num_cpus=0)(_readable)

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import functools
 
-from fedpers.errors import ConfigError
+from fedpers.errors import ConfigError, shown
 from fedpers.registry import EXTENSIONS, METHODS
 from fedpers.schema import (CORE_KEYS, Config, Key, Schema, Value, coerce_value,  # noqa: F401 (re-exported)
-                            load_yaml, parse_id_list, parse_set_arguments, read_yaml_text)
+                            load_yaml, parse_id_list, parse_set_arguments, read_config_file, read_yaml_text)
+
+_CORE_BY_NAME = {key.name: key for key in CORE_KEYS}
 
 
 def check_method(values: Mapping[str, Value]) -> None:
@@ -26,7 +28,7 @@ def check_method(values: Mapping[str, Value]) -> None:
     if name not in METHODS:
         close = difflib.get_close_matches(name, list(METHODS), n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise ConfigError(f"config key 'method': unknown method '{name}'{hint}; known: {', '.join(sorted(METHODS))}")
+        raise ConfigError(f"config key 'method': unknown method {shown(name)}{hint}; known: {', '.join(sorted(METHODS))}")
 
 
 def check_method_combinations(values: Mapping[str, Value]) -> None:
@@ -66,16 +68,44 @@ def defaults() -> dict[str, Value]:
     return full_schema().defaults()
 
 
+def check_core_values(overrides: Mapping[str, Any]) -> None:
+    """Each core key's type and range in ``overrides``, checked before :func:`full_schema` is assembled:
+    the methods' key tables live in their math modules, which import torch (seconds), and a bad
+    ``--set rounds=ten`` or ``--out ""`` should be refused without that."""
+    for name, raw in overrides.items():
+        key = _CORE_BY_NAME.get(name)
+        if key is None:
+            continue
+        value = coerce_value(key, raw)
+        problem = key.check(value) if key.check is not None else None
+        if problem:
+            raise ConfigError(f"config key '{key.name}': {problem}, got {shown(value)}")
+
+
 def build_config(overrides: Mapping[str, Any], base: Mapping[str, Value] | None = None) -> Config:
     """Validate ``overrides`` on ``base`` (default: the defaults) against :func:`full_schema`: one
     ConfigError line naming the key for an unknown key, a wrong type, a value out of range or a method
     that is not registered."""
+    check_core_values(overrides)
     return full_schema().build(overrides, base)
 
 
-def load_config(path: str | Path | None = None, sets: list[str] | None = None, **extra: Any) -> Config:
-    """Schema defaults, then the YAML file, then ``--set`` overrides, then ``extra``; validated."""
-    overrides: dict[str, Any] = {}
+def ignored_keys(cfg: Config, given: Iterable[str]) -> list[str]:
+    """Those of ``given`` (keys a user set) that the run ignores, each as ``"key (owner)"``: another
+    method's own keys (``ditto_lambda`` on a FedAvg run) and an extension's while it is off (its switch
+    aside)."""
+    schema = full_schema()
+    active = {"core", str(cfg.method)} | {ext.name for ext in EXTENSIONS if ext.applies(cfg)}
+    switches = {ext.name for ext in EXTENSIONS}
+    return [f"{name} ({schema.owner_of[name]})" for name in given
+            if name in schema.owner_of and schema.owner_of[name] not in active and name not in switches]
+
+
+def load_config(path: str | Path | None = None, sets: list[str] | None = None, *,
+                shared: list[str] | None = None, **extra: Any) -> Config:
+    """Schema defaults, then ``shared`` (``--shared key=value``: a sweep's base, common to runs of several
+    methods), then the YAML file, then ``--set`` overrides, then ``extra``; validated."""
+    overrides: dict[str, Any] = dict(parse_set_arguments(shared or []))
     if path is not None:
         overrides.update(load_yaml(path))
     overrides.update(parse_set_arguments(sets or []))

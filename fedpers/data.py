@@ -70,12 +70,35 @@ def _to_nchw(x: np.ndarray, what: str) -> np.ndarray:
     raise DataError(f"{what}: images must have shape (N,H,W) or (N,H,W,C) with C in 1 or 3, got {x.shape}")
 
 
+# Float images whose values reach this are refused: their squares overflow float32 (3.4e38), the
+# precision every model computes in, so such a value can only be a corrupt pixel (ours).
+MAX_PIXEL = 1e19
+
+
 def _standardise(x_train: np.ndarray, x_test: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel standardisation with the training split's mean and std. The statistics are taken in
+    float64: in float32 the sum of squares of a large value overflows, the std becomes inf and every image
+    0 (a run that trains on zeros)."""
     xtr = x_train.astype(np.float32) / scale
     xte = x_test.astype(np.float32) / scale
-    mean = xtr.mean(axis=(0, 2, 3), keepdims=True)
-    std = xtr.std(axis=(0, 2, 3), keepdims=True) + 1e-6
+    # applied in float32 (as before: the same numbers for data whose float32 statistics were right), and
+    # without a float64 copy of the images
+    mean = xtr.mean(axis=(0, 2, 3), keepdims=True, dtype=np.float64).astype(np.float32)
+    std = (xtr.std(axis=(0, 2, 3), keepdims=True, dtype=np.float64) + 1e-6).astype(np.float32)
     return np.ascontiguousarray((xtr - mean) / std), np.ascontiguousarray((xte - mean) / std)
+
+
+def _check_pixels(name: str, split: str, x: np.ndarray) -> None:
+    """Float images hold finite values below :data:`MAX_PIXEL` in magnitude (checked before any arithmetic,
+    which would warn about each overflow first)."""
+    if not np.issubdtype(x.dtype, np.floating):
+        return
+    if not np.isfinite(x).all():
+        raise DataError(f"{name}: {split} contains NaN or Inf pixels")
+    largest = float(np.abs(x).max()) if x.size else 0.0
+    if largest >= MAX_PIXEL:
+        raise DataError(f"{name}: {split} holds a pixel of magnitude {largest:.3g}; image values must stay below "
+                        f"{MAX_PIXEL:.0e} (a corrupt pixel? rescale the images)")
 
 
 def from_arrays(name: str, x_train, y_train, x_test, y_test, num_classes: int | None = None, *,
@@ -95,6 +118,8 @@ def from_arrays(name: str, x_train, y_train, x_test, y_test, num_classes: int | 
         )
     if len(y_train) == 0 or len(y_test) == 0:
         raise DataError(f"{name}: train and test splits must both be non-empty")
+    _check_pixels(name, "x_train", x_train)
+    _check_pixels(name, "x_test", x_test)
     for split, y in (("y_train", y_train), ("y_test", y_test)):
         if not np.issubdtype(y.dtype, np.integer):
             if np.issubdtype(y.dtype, np.floating) and np.all(np.mod(y, 1) == 0):
@@ -114,6 +139,10 @@ def from_arrays(name: str, x_train, y_train, x_test, y_test, num_classes: int | 
     for split, y in (("y_train", y_train), ("y_test", y_test)):
         if y.min() < 0 or y.max() >= num_classes:
             raise DataError(f"{name}: {split} has labels outside [0, {num_classes})")
+    present = np.unique(y_train)
+    if len(present) < 2:  # every prediction would be right: accuracy 1.0 that says nothing
+        raise DataError(f"{name}: y_train holds a single class ({int(present[0])}); classification needs at "
+                        "least two")
     scale = 255.0 if x_train.dtype == np.uint8 else 1.0
     xtr, xte = _standardise(x_train, x_test, scale)
     if not (np.isfinite(xtr).all() and np.isfinite(xte).all()):
@@ -228,6 +257,36 @@ def _load_torchvision(name: str, root: Path) -> Dataset:
 
     (xtr, ytr), (xte, yte) = arrays(train), arrays(test)
     return from_arrays(name, xtr, ytr, xte, yte, num_classes=len(train.classes))
+
+
+def find_dataset(dataset: str, data_dir: str = "") -> str:
+    """Where :func:`load_dataset` would read ``dataset`` from, without reading it (a sweep checks every
+    dataset before its first run): a file path, or ``torchvision`` for a named set to download. A name
+    that is no dataset, or a file or ``data_dir`` that is not there, is a DataError."""
+    if dataset.endswith(".npz") or os.sep in dataset:
+        if not Path(dataset).is_file():
+            raise DataError(f"data file not found: {dataset}")
+        return dataset
+    if dataset in ("digits", "digits_domains"):
+        return "scikit-learn"
+    if dataset == "mnist_usps":
+        root = Path(data_dir) if data_dir else default_data_dir()
+        for fname in ("mnist.npz", "usps.npz"):
+            if not (root / fname).is_file():
+                raise DataError(f"data file not found: {root / fname} (mnist_usps needs mnist.npz and usps.npz "
+                                "in data_dir)")
+        return str(root)
+    if dataset not in _NPZ_NAMES:
+        raise DataError(
+            f"unknown dataset '{dataset}': use one of {', '.join(NAMED_DATASETS)} or a path to a .npz file"
+        )
+    root = Path(data_dir) if data_dir else default_data_dir()
+    if data_dir and not root.is_dir():
+        raise DataError(f"data_dir not found: {root}")
+    for fname in _NPZ_NAMES[dataset]:
+        if (root / fname).is_file():
+            return str(root / fname)
+    return "torchvision"
 
 
 @functools.lru_cache(maxsize=4)

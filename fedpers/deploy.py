@@ -595,8 +595,10 @@ def deploy_local(cfg, clients: int, out: str | os.PathLike, isolation: str = "su
         cfg = cfg.replace(num_clients=clients)
     cfg = deploy_config(cfg, out, resume=bool(cfg.resume))
     out.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(ValueError):  # not in the main thread: Ctrl-C still works
-        signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill` of this command stops what it started
+    # `kill` of this command stops what it started (the CLI has its own handler for it already: exit 143)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        with contextlib.suppress(ValueError):  # not in the main thread: Ctrl-C still works
+            signal.signal(signal.SIGTERM, _raise_interrupt)
     with LocalDeployment(out / "deploy", clients, isolation=isolation) as dep:
         print(f"fedpers | deploy: SuperLink https://{dep.superlink_address} (loopback, TLS, SuperNode auth, pid "
               f"{dep.superlink.pid}) behind nginx: Fleet API https://{dep.address}, Control API "
@@ -607,15 +609,34 @@ def deploy_local(cfg, clients: int, out: str | os.PathLike, isolation: str = "su
 
 
 def _raise_interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
+    from fedpers.errors import Interrupted
+
+    raise Interrupted(signum)
 
 
 def make_certs(out: str | os.PathLike, nodes: int, hosts: Iterable[str], *, force: bool = False) -> Pki:
     """``fedpers deploy certs``: CA, SuperLink certificate for ``hosts``, SuperNode key pairs. A directory
     that already holds a CA is refused unless ``force``: replacing a CA invalidates every certificate and
     node registration made with it."""
-    existing = [p.name for p in (Path(out) / "ca.crt", Path(out) / "ca.key") if p.exists()]
+    if nodes < 1:
+        raise FedpersError(f"--nodes must be >= 1 (one key pair per SuperNode), got {nodes}")
+    if not str(out).strip():
+        raise FedpersError("--out must name a directory, not be empty")
+    d = Path(out)
+    if d.exists() and not d.is_dir():
+        raise FedpersError(f"--out {d} is a file, not a directory")
+    existing = [p.name for p in (d / "ca.crt", d / "ca.key") if p.exists()]
     if existing and not force:
         raise FedpersError(f"{out} already holds a CA ({', '.join(existing)}): pass --force to replace it "
                            "(certificates and registered node keys made with it stop working)")
-    return make_pki(out, nodes, hosts=tuple(hosts))
+    if not existing:  # no CA of ours here: a file of these names is the user's own, never replaced
+        names = ["server.pem", "server.key", SUPEREXEC_SECRET]
+        names += [f"supernode-{i}.key{pub}" for i in range(nodes) for pub in ("", ".pub")]
+        mine = [name for name in names if (d / name).exists()]
+        if mine:
+            raise FedpersError(f"{out} already holds {', '.join(mine[:3])}{' ...' if len(mine) > 3 else ''} but no "
+                               "CA: move those files away or choose another --out (they are never replaced)")
+    try:
+        return make_pki(out, nodes, hosts=tuple(hosts))
+    except OSError as exc:
+        raise FedpersError(f"--out {out} cannot be written ({exc.strerror or exc})") from None

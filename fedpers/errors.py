@@ -1,8 +1,25 @@
-"""Error types that the CLI turns into one clear line and a non-zero exit code."""
+"""Error types that the CLI turns into one clear line and a non-zero exit code, and :func:`shown`, the
+form in which those lines echo a user's value."""
+
+# An error line echoes at most this many characters of a value: a 5 MB value in a config file must not
+# become a 5 MB error line.
+SHOWN_CHARS = 200
+
+
+def cut(text: str, limit: int = SHOWN_CHARS) -> str:
+    """``text`` cut to ``limit`` characters (with the length left out said), for an error line."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for an error line that echoes a user's value."""
+    return cut(repr(value), limit)
 
 
 class FedpersError(Exception):
-    """Base class for every error fedpers reports to a user without a traceback."""
+    """Base class for every error fedpers reports to a user without a traceback (exit code 2: bad input)."""
+
+    exit_code = 2
 
 
 class ConfigError(FedpersError):
@@ -15,3 +32,18 @@ class DataError(FedpersError):
 
 class ClientUpdateError(FedpersError):
     """A message from the server to a client (or back) does not match the local model."""
+
+
+class EngineError(FedpersError):
+    """The simulation engine (Flower, Ray) failed on its own, not on bad input: one line, exit code 1."""
+
+    exit_code = 1
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) or SIGTERM, raised by the CLI's signal handler: unwinds like a KeyboardInterrupt and
+    says which signal it was (``signum``), so that a sweep passes the same signal on to its runs."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedpers.errors import ClientUpdateError
+from fedpers.errors import ClientUpdateError, DataError
 
 Part = Literal["backbone", "head", "residual", "personal", "all"]
 ModelKind = Literal["cnn", "se_cnn", "gn_cnn"]
@@ -184,11 +184,13 @@ def build_model(input_shape: Sequence[int], num_classes: int, *, feature_dim: in
     images of ``input_shape`` = (C, H, W); with ``seed`` the init is reproducible, so server and every
     client start from identical weights."""
     c, h, w = input_shape
-    if h < 4 or w < 4:
-        raise ValueError(f"images must be at least 4x4, got {h}x{w}")
     classes = {"cnn": SimpleCNN, "se_cnn": SECNN, "gn_cnn": GroupNormCNN}
     if kind not in classes:
         raise ValueError(f"unknown model kind {kind!r}; known: {', '.join(classes)}")
+    smallest = 8 if kind == "gn_cnn" else 4  # its 2x2 max-pools (three, or two) each halve the image
+    if h < smallest or w < smallest:
+        raise DataError(f"images of {h}x{w} pixels are too small for model {kind}: it needs at least "
+                        f"{smallest}x{smallest}")
     cls = classes[kind]
     if seed is not None:
         with torch.random.fork_rng(devices=[]):

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedpers.errors import ConfigError
+from fedpers.errors import ConfigError, shown
 from fedpers.results import VALIDATION_PREFIX, read_metrics
 from fedpers.sweep import MethodEntry, PlannedRun, Sweep, dataset_tag, read_plan
 
@@ -425,6 +425,39 @@ def write_validation(sweep: Sweep, runs: list[PlannedRun], out: Path) -> Path:
     return path
 
 
+def check_run_files(runs: list[PlannedRun], value: str = "final") -> set[str]:
+    """Read every finished run's ``summary.json`` and ``metrics.jsonl`` once, so that a torn line or a
+    truncated file (a run killed while writing, a copy cut short) is one error line naming the file and the
+    line, not a traceback halfway through the report. Returns the metrics the runs' summaries give for
+    ``value`` (what ``--metric`` may name)."""
+    metrics: set[str] = set()
+    for run in runs:
+        summary_path = Path(run.run_dir) / "summary.json"
+        if not summary_path.exists():
+            continue
+        try:
+            summary = json.loads(summary_path.read_text())
+            if not isinstance(summary, dict) or not isinstance(summary.get("final"), dict):
+                raise ValueError("not a run summary")
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"report: {summary_path} is not a whole summary.json ({type(exc).__name__}); "
+                              "nothing was written") from None
+        metrics.update(k for k, v in (summary.get(VALUES[value]) or {}).items() if isinstance(v, (int, float)))
+        metrics_path = Path(run.run_dir) / "metrics.jsonl"
+        try:
+            lines = metrics_path.read_text().splitlines() if metrics_path.exists() else []
+        except UnicodeDecodeError:
+            raise ConfigError(f"report: {metrics_path} is not text; nothing was written") from None
+        for number, line in enumerate(lines, 1):
+            try:
+                if line.strip() and not isinstance(json.loads(line), dict):
+                    raise ValueError("not a round record")
+            except ValueError:
+                raise ConfigError(f"report: {metrics_path} line {number} is not a whole JSON record (a torn "
+                                  "write?); nothing was written") from None
+    return metrics
+
+
 def report(out: str | Path, *, value: str = "final", metric: str | None = None,
            versus: str | list[str] | None = None) -> list[Path]:
     """Write the table and figures of the sweep in ``out``; returns the files written. ``value``: which
@@ -435,6 +468,10 @@ def report(out: str | Path, *, value: str = "final", metric: str | None = None,
         raise ConfigError(f"report: value must be one of {', '.join(VALUES)}, got {value!r}")
     out = Path(out)
     sweep, runs = read_plan(out)
+    metrics = check_run_files(runs, value)  # before any file is written: a refused report changes nothing
+    if metric and metrics and metric not in metrics:
+        raise ConfigError(f"report: --metric {shown(metric)} is not a metric of these runs; they have "
+                          f"{', '.join(sorted(metrics))}")
     cells = collect(sweep, runs, value=value, metric=metric)
     md, csv_path = write_tables(sweep, cells, out, value=value, metric=metric)
     extra = [write_versus(sweep, runs, versus, out)] if versus else []

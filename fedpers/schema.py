@@ -17,6 +17,7 @@ checks that need it (the method's name, what JDFL can wrap, which methods need D
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
-from fedpers.errors import ConfigError
+from fedpers.errors import ConfigError, shown
 
 Value = bool | int | float | str
 ValuesCheck = Callable[[dict], None]  # a check of all values together; raises ConfigError
@@ -75,6 +76,12 @@ def unit_interval(v: float) -> str | None:
 def unit_interval_open_right(v: float) -> str | None:
     """Range check of a Key: None when ``v`` is in [0, 1), else the problem."""
     return None if 0 <= v < 1 else "must be in [0, 1)"
+
+
+def non_empty(v: str) -> str | None:
+    """Check of a Key naming a directory that must be given: an empty value would mean the current
+    directory (``--out ""`` would write results and the run's lock there)."""
+    return None if v.strip() else "must name a directory, not be empty"
 
 
 def one_of(*choices: str) -> Callable[[str], str | None]:
@@ -159,7 +166,7 @@ CORE_KEYS: tuple[Key, ...] = (
         non_negative),
     Key("ray_address", str, "",
         "join this Ray cluster (HEAD_IP:PORT, see docs/running.md) instead of starting a private local Ray"),
-    Key("out_dir", str, "results/latest", "where metrics.jsonl and summary.json are written"),
+    Key("out_dir", str, "results/latest", "where metrics.jsonl and summary.json are written", non_empty),
     Key("tensorboard", bool, False, "also write each round's metrics as TensorBoard events in out_dir/tensorboard"),
     Key("wandb", str, "off",
         "Weights & Biases logging of every round (optional extra fedpers[wandb]): off | offline (files in "
@@ -253,7 +260,7 @@ class Schema:
         for name, raw in overrides.items():
             key = self.by_name.get(name)
             if key is None:
-                raise ConfigError(f"unknown config key '{name}'{self.suggest(name)}")
+                raise ConfigError(f"unknown config key {shown(str(name))}{self.suggest(str(name))}")
             values[name] = coerce_value(key, raw)
         for check in self.checks[:1]:  # the method's name first: the other checks may depend on it
             check(values)
@@ -261,16 +268,27 @@ class Schema:
             if key.check is not None:
                 problem = key.check(values[key.name])
                 if problem:
-                    raise ConfigError(f"config key '{key.name}': {problem}, got {values[key.name]!r}")
+                    raise ConfigError(f"config key '{key.name}': {problem}, got {shown(values[key.name])}")
         if values["partition"] == "file" and not values["partition_file"]:
             raise ConfigError("config key 'partition_file': partition=file needs partition_file: PATH")
+        absent = [i for i in parse_id_list(values["faulty_clients"]) if i >= values["num_clients"]]
+        if absent:  # a fault injected into no client would be a robustness study of nothing
+            raise ConfigError(f"config key 'faulty_clients': client {absent[0]} does not exist (num_clients="
+                              f"{values['num_clients']}: ids 0..{values['num_clients'] - 1})")
         for check in self.checks[1:]:
             check(values)
         return Config(values, self)
 
 
+# Integers are carried as 64-bit signed numbers by Flower's run-config (and torch's seeds take 64 bits):
+# a larger one would pass here and fail after the engine has started.
+INT_LIMIT = 2**63
+
+
 def coerce_value(key: Key, value: Any) -> Value:
-    """Return ``value`` converted to ``key.type``, or raise ConfigError naming the key."""
+    """Return ``value`` converted to ``key.type``, or raise ConfigError naming the key. Text (``--set``,
+    quoted YAML) is read as the key's type: ``"0.5"`` for a float, ``"true"`` for a bool, ``"3"`` or
+    ``"3.0"`` for an int."""
     t = key.type
     if t is bool:
         if isinstance(value, bool):
@@ -278,20 +296,35 @@ def coerce_value(key: Key, value: Any) -> Value:
         if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "on", "off"):
             return value.lower() in ("true", "yes", "on")
     elif t is int:
+        out = None
         if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
+            out = value
+        elif isinstance(value, float) and value.is_integer():
+            out = int(value)
+        elif isinstance(value, str):
             try:
-                return int(value)
-            except ValueError:
-                pass
+                out = int(value)
+            except ValueError:  # not an integer, or more digits than Python converts (4,300)
+                try:
+                    number = float(value)
+                except ValueError:
+                    number = math.nan
+                if number.is_integer():
+                    out = int(number)
+        if out is not None:
+            if not -INT_LIMIT <= out < INT_LIMIT:
+                raise ConfigError(f"config key '{key.name}': must be below 2**63 (a 64-bit integer), "
+                                  f"got {shown(out)}")
+            return out
     elif t is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not math.isfinite(float(value)):
-                raise ConfigError(f"config key '{key.name}': must be a finite number, got {value!r}")
-            return float(value)
+            try:
+                out = float(value)
+            except OverflowError:  # an int beyond float's range
+                out = math.inf
+            if not math.isfinite(out):
+                raise ConfigError(f"config key '{key.name}': must be a finite number, got {shown(value)}")
+            return out
         if isinstance(value, str):
             try:
                 out = float(value)
@@ -304,7 +337,7 @@ def coerce_value(key: Key, value: Any) -> Value:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
     raise ConfigError(
-        f"config key '{key.name}': expected {t.__name__}, got {type(value).__name__} {value!r}"
+        f"config key '{key.name}': expected {t.__name__}, got {type(value).__name__} {shown(value)}"
     )
 
 
@@ -352,19 +385,33 @@ class Config(Mapping[str, Value]):
 class _ConfigLoader(yaml.SafeLoader):
     """PyYAML's safe loader with YAML 1.2 booleans: only true/false are booleans, so that choices such as
     ``fedeagd_fusion: off`` or ``jdfl: off`` stay the strings they read as (YAML 1.1 makes on/off/yes/no
-    booleans); and a key given twice in one mapping is an error (PyYAML keeps the last one silently)."""
+    booleans); a key given twice in one mapping is an error (PyYAML keeps the last one silently), and so are
+    a list or mapping as a key and an integer of more digits than Python converts (PyYAML would raise a
+    TypeError or ValueError, not a YAML error)."""
 
     def construct_mapping(self, node, deep=False):  # noqa: D102
         seen: set = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (list, dict)):
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"a key must be a name, got a {type(key).__name__}", key_node.start_mark)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"key '{key}' appears twice", key_node.start_mark)
+                    None, None, f"key {shown(key)} appears twice", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
+    def construct_yaml_int(self, node):  # noqa: D102
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"a number of {len(str(node.value))} characters is not a config value",
+                node.start_mark) from None
 
+
+_ConfigLoader.add_constructor("tag:yaml.org,2002:int", _ConfigLoader.construct_yaml_int)
 _ConfigLoader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
@@ -372,55 +419,86 @@ _ConfigLoader.yaml_implicit_resolvers = {
 _ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
                                     list("tTfF"))
 
+# A config or sweep file is a page of key: value lines; a larger file is a mistake (a data file given as
+# the config), and reading 50 MB of YAML takes minutes and gigabytes before it can be refused.
+MAX_CONFIG_BYTES = 1 << 20
+
 
 def read_yaml_text(text: str) -> Any:
     """Parse YAML text the way every fedpers config is read (YAML 1.2 booleans, see ``_ConfigLoader``)."""
     return yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 - a SafeLoader subclass
 
 
-def parse_set_arguments(items: list[str]) -> dict[str, Any]:
-    """Parse CLI ``key=value`` strings; values are read as YAML scalars (``0.5``, ``true``, ``'x'``)."""
-    out: dict[str, Any] = {}
-    for item in items:
-        if "=" not in item:
-            raise ConfigError(f"--set expects key=value, got '{item}'")
-        name, raw = item.split("=", 1)
-        name = name.strip()
+def read_config_file(path: str | Path, what: str = "config file") -> Any:
+    """The parsed YAML of a config or sweep file (``what`` names it in errors); a missing, too large
+    (over :data:`MAX_CONFIG_BYTES`), binary or malformed file is one ConfigError line."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{what} not found: {p}")
+    size = p.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{what} {p} has {size:,} bytes; a {what} holds at most {MAX_CONFIG_BYTES:,} "
+                          "(key: value lines, not data)")
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{what} {p} is not a text file (not UTF-8): give a YAML file of key: value") from None
+    if "\x00" in text:
+        raise ConfigError(f"{what} {p} is not a text file (NUL bytes): give a YAML file of key: value")
+    try:
+        return read_yaml_text(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        problem = getattr(exc, "problem", None)
+        raise ConfigError(f"{what} {p} is not valid YAML{where}{f': {problem}' if problem else ''}") from None
+    except RecursionError:  # brackets nested thousands deep
+        raise ConfigError(f"{what} {p} nests too deep to be a config") from None
+
+
+_NULLS = ("", "~", "null", "Null", "NULL")
+
+
+def parse_set_value(raw: str) -> str:
+    """The text of one ``--set key=VALUE``, whole: never cut at a ``#`` nor refused for a ``: `` (YAML would
+    do both). Surrounding whitespace is dropped, a value in double quotes is read as a JSON string (what
+    ``fedpers sweep`` passes its runs) and one in single quotes as YAML's (``'it''s'``), and ``null`` or
+    ``~`` is empty. The key's type is applied by :func:`coerce_value` (``"0.5"``, ``"true"``, ``"3"``)."""
+    text = raw.strip()
+    if text in _NULLS:
+        return ""
+    if len(text) >= 2 and text[0] == text[-1] == '"':
         try:
-            value = read_yaml_text(raw) if raw.strip() else ""
-        except yaml.YAMLError:
-            value = raw
-        if value is None:
-            value = ""
-        if isinstance(value, (list, dict)):
-            raise ConfigError(f"config key '{name}': expected a scalar, got {raw!r}")
-        out[name] = value
+            value = json.loads(text)
+        except ValueError:
+            return text[1:-1]
+        return value if isinstance(value, str) else text[1:-1]
+    if len(text) >= 2 and text[0] == text[-1] == "'":
+        return text[1:-1].replace("''", "'")
+    return text
+
+
+def parse_set_arguments(items: list[str]) -> dict[str, str]:
+    """Parse CLI ``key=value`` strings into ``{key: text}`` (see :func:`parse_set_value`)."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise ConfigError(f"--set expects key=value, got {shown(item)}")
+        out[name] = parse_set_value(raw)
     return out
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a flat YAML mapping of config keys; a missing or malformed file is a ConfigError."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file not found: {p}")
-    try:
-        text = p.read_bytes().decode("utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(f"config file {p} is not a text file (not UTF-8): give a YAML file of key: value") from None
-    if "\x00" in text:
-        raise ConfigError(f"config file {p} is not a text file (NUL bytes): give a YAML file of key: value")
-    try:
-        data = read_yaml_text(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        problem = getattr(exc, "problem", None)
-        raise ConfigError(f"config file {p} is not valid YAML{where}{f': {problem}' if problem else ''}") from None
+    data = read_config_file(p)
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {p} must be a mapping of key: value, got {type(data).__name__}")
     for name, value in data.items():
         if isinstance(value, (list, dict)):
-            raise ConfigError(f"config key '{name}' in {p}: expected a scalar, got {type(value).__name__}")
+            raise ConfigError(f"config key {shown(str(name))} in {p}: expected a scalar, got {type(value).__name__}")
     return data

@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 import tomli_w
@@ -72,6 +73,48 @@ def run_simulation(cfg: Config, verbose: bool = False) -> None:
             shutil.rmtree(spill_dir, ignore_errors=True)
 
 
+class _NoTracebacks(logging.Filter):
+    """Drops Flower's log records that hold a traceback: a failure ends the command with one line of its
+    own (``fedpers: error: ...``); ``--verbose`` shows them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:  # noqa: D102
+        return "Traceback (most recent call last)" not in record.getMessage()
+
+
+def start_ray(backend: dict) -> None:
+    """Start (or join) Ray as Flower's Ray backend would (its ``RayBackend.init_ray``: the backend's init
+    args, no dashboard, this process's ``sys.path`` as the workers' PYTHONPATH), keeping this process's
+    SIGTERM handler.
+
+    Why here and not in the backend: ``ray.init`` replaces the SIGTERM handler of the process it runs in
+    with Ray's own (stop Ray, ``sys.exit(1)``: a stack dump and exit 134 in the middle of a round), and
+    the backend calls it inside the engine, where the command can no longer put its own back. Started
+    here, the backend finds Ray running and leaves it as it is; SIGTERM then ends the run as Ctrl-C does."""
+    import signal
+    import sys
+
+    import ray
+
+    if ray.is_initialized():
+        return
+    init_args = {"include_dashboard": False, **backend.get("init_args", {})}
+    pythonpath = os.pathsep.join(sys.path)
+    if os.environ.get("PYTHONPATH"):
+        pythonpath = f"{pythonpath}{os.pathsep}{os.environ['PYTHONPATH']}"
+    os.environ["PYTHONPATH"] = pythonpath
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, **init_args)
+    except Exception as exc:  # noqa: BLE001 - an unreachable cluster, a port in use: one line
+        from fedpers.errors import EngineError, cut
+
+        where = f"join the Ray cluster at {init_args['address']}" if "address" in init_args else "start Ray"
+        raise EngineError(f"could not {where}: {type(exc).__name__}: {cut(str(exc).strip())}") from None
+    finally:
+        if handler is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, handler)
+
+
 def _run_in_engine(cfg: Config, verbose: bool) -> None:
     from flwr.app import Context, RecordDict
 
@@ -80,9 +123,14 @@ def _run_in_engine(cfg: Config, verbose: bool) -> None:
 
     if not verbose:  # after Flower's imports, which set up its logger
         logging.getLogger("flwr").setLevel(logging.WARNING)
+        flwr_logger = logging.getLogger("flwr")
+        if not any(isinstance(f, _NoTracebacks) for f in flwr_logger.filters):
+            flwr_logger.addFilter(_NoTracebacks())
+    backend = backend_config(cfg)
+    start_ray(backend)
     with tempfile.TemporaryDirectory(prefix="fedpers-app-") as tmp:
         app_dir = write_app_dir(cfg, Path(tmp))
         context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config=cfg.to_dict())
         run_simulation_engine(num_supernodes=cfg.num_clients, client_app_attr=CLIENT_APP_ATTR, server_app=server_app,
-                              backend_config=backend_config(cfg), server_app_context=context, app_dir=str(app_dir),
+                              backend_config=backend, server_app_context=context, app_dir=str(app_dir),
                               verbose=verbose)

@@ -32,10 +32,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from fedpers.config import build_config, read_yaml_text
-from fedpers.errors import ConfigError
+from fedpers.config import build_config, read_config_file
+from fedpers.data import find_dataset
+from fedpers.errors import ConfigError, FedpersError, shown
 
 
 @dataclass(frozen=True)
@@ -106,10 +105,14 @@ def _numbers(raw: dict, key: str, path: Path, kind: type) -> list:
     """The sweep's ``key`` list as numbers of ``kind``; anything else is one clear line."""
     out = []
     for value in _as_list(raw, key, path):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                kind is int and isinstance(value, float) and not value.is_integer()):
             raise ConfigError(f"sweep {path}: '{key}' must list {'integers' if kind is int else 'numbers'}, "
-                              f"got {value!r}")
-        out.append(kind(value))
+                              f"got {shown(value)}")
+        try:
+            out.append(kind(value))
+        except OverflowError:  # an integer beyond float's range, or an infinite seed
+            raise ConfigError(f"sweep {path}: '{key}' lists {shown(value)}, out of range") from None
     return out
 
 
@@ -126,32 +129,49 @@ def _paper_numbers(raw: Any, path: Path) -> dict[str, dict[str, float]]:
     return out
 
 
+def _keys(raw: Any, where: str, path: Path) -> dict[str, Any]:
+    """A sweep's mapping of config keys (``base``, a method's ``set``): scalars under names."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"sweep {path}: '{where}' must be a mapping of config key: value, got "
+                          f"{type(raw).__name__} {shown(raw)}")
+    for name, value in raw.items():
+        if isinstance(value, (list, dict)):
+            raise ConfigError(f"sweep {path}: '{where}' key {shown(str(name))} must be a single value, "
+                              f"got {type(value).__name__}")
+    return {str(name): value for name, value in raw.items()}
+
+
 def load_sweep(path: str | Path, sets: list[str] | None = None, datasets: list[str] | None = None) -> Sweep:
     """Parse and validate a sweep file; ``sets`` (``key=value``) override its ``base`` and ``datasets``
     its dataset list. Every run's config is checked by the config schema."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"sweep file not found: {p}")
-    try:
-        raw = read_yaml_text(p.read_text()) or {}
-    except yaml.YAMLError:
-        raise ConfigError(f"sweep file {p} is not valid YAML") from None
-    unknown = set(raw) - {"base", "methods", "datasets", "alphas", "seeds", "ablation", "paper", "claims"}
+    raw = read_config_file(p, "sweep file")
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"sweep file {p} must be a mapping (base, methods, datasets, alphas, seeds), "
+                          f"got {type(raw).__name__}")
+    unknown = set(map(str, raw)) - {"base", "methods", "datasets", "alphas", "seeds", "ablation", "paper", "claims"}
     if unknown:
-        raise ConfigError(f"sweep {p}: unknown entries {sorted(unknown)}")
+        raise ConfigError(f"sweep {p}: unknown entries {shown(sorted(unknown))}")
     methods = []
     for item in _as_list(raw, "methods", p):
         if isinstance(item, str):
             methods.append(MethodEntry(item, item))
-        elif isinstance(item, dict) and "method" in item:
-            methods.append(MethodEntry(str(item.get("label", item["method"])), str(item["method"]),
-                                       dict(item.get("set") or {}), item.get("metric"),
-                                       None if item.get("group") is None else str(item["group"])))
+        elif isinstance(item, dict) and isinstance(item.get("method"), str):
+            label = str(item.get("label", item["method"]))
+            methods.append(MethodEntry(label, item["method"], _keys(item.get("set"), f"{label}: set", p),
+                                       item.get("metric"), None if item.get("group") is None else str(item["group"])))
         else:
-            raise ConfigError(f"sweep {p}: a method entry must be a name or a mapping with 'method', got {item!r}")
-    from fedpers.config import parse_set_arguments
+            raise ConfigError(f"sweep {p}: a method entry must be a name or a mapping with 'method', got "
+                              f"{shown(item)}")
+    from fedpers.config import coerce_value, full_schema, parse_set_arguments
 
-    base = {**(raw.get("base") or {}), **parse_set_arguments(sets or [])}
+    known = full_schema().by_name  # --set values are text: stored with the key's type, as the file's are
+    base = {**_keys(raw.get("base"), "base", p),
+            **{k: coerce_value(known[k], v) if k in known else v for k, v in parse_set_arguments(sets or []).items()}}
     sweep = Sweep(methods, [str(d) for d in (datasets or _as_list(raw, "datasets", p))],
                   _numbers(raw, "alphas", p, float), _numbers(raw, "seeds", p, int),
                   base, bool(raw.get("ablation", False)), _paper_numbers(raw.get("paper") or {}, p),
@@ -168,6 +188,23 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, datasets: list[s
         except ConfigError as exc:
             raise ConfigError(f"sweep {p}, run {run.run_key}/{dataset_tag(run.dataset)}: {exc}") from None
     return sweep
+
+
+def check_datasets(sweep: Sweep, path: str | Path) -> None:
+    """Every run's dataset can be found (:func:`fedpers.data.find_dataset`: a name that is no dataset, a
+    missing file or ``data_dir``), before the first run starts: a typo in the last dataset of the list
+    would otherwise be found after the runs of the others. Not part of :func:`load_sweep`: a sweep's
+    report and its file's validity need no data on this machine."""
+    checked: set[tuple[str, str]] = set()
+    for run in plan(sweep, "/tmp/fedpers-sweep-check"):
+        cfg = build_config(run.overrides)
+        if (cfg.dataset, cfg.data_dir) in checked:
+            continue
+        try:
+            find_dataset(cfg.dataset, cfg.data_dir)
+        except FedpersError as exc:
+            raise ConfigError(f"sweep {path}, run {run.run_key}/{dataset_tag(run.dataset)}: {exc}") from None
+        checked.add((cfg.dataset, cfg.data_dir))
 
 
 def run_dir_of(out: str | Path, run_key: str, dataset: str, alpha: float, seed: int) -> Path:
@@ -247,9 +284,11 @@ def run_children(commands: list[tuple[list[str], dict[str, str]]], jobs: int,
                     if on_end:
                         on_end(i, child.returncode)
             time.sleep(0.2)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        # the signal the sweep got (Ctrl-C, or SIGTERM from kill, Slurm, docker), so that each run ends and
+        # exits as the sweep does
         for child in running.values():
-            child.send_signal(signal.SIGINT)
+            child.send_signal(getattr(exc, "signum", signal.SIGINT))
         for child in running.values():
             try:
                 child.wait(timeout=60)
@@ -281,6 +320,18 @@ def resumable(run_dir: str | Path) -> dict[str, Any]:
             "resume": True}
 
 
+def run_command(sweep: Sweep, run: PlannedRun, *, tensorboard: bool = False) -> list[str]:
+    """The ``fedpers run`` command line of one planned run. Every value is passed as JSON, read back as
+    exactly this value: no character (a '#' in a path, a ': ', quotes) can change its meaning or its type.
+    A key that the sweep's ``base`` gives every row goes with ``--shared``, the others with ``--set``: the
+    run warns about another method's keys only when they were given for its own row."""
+    cmd = [sys.executable, "-m", "fedpers.cli", "run"]
+    for key, value in {**run.overrides, **resumable(run.run_dir), "tensorboard": tensorboard}.items():
+        option = "--shared" if key in sweep.base and sweep.base[key] == value else "--set"
+        cmd += [option, f"{key}={json.dumps(value)}"]
+    return cmd
+
+
 def run_sweep(sweep: Sweep, out: str | Path, *, tensorboard: bool = False, jobs: int = 1) -> list[PlannedRun]:
     """Run every planned run that has no ``summary.json`` yet, each as its own ``fedpers run`` process
     (so a failing run cannot take the sweep down), ``jobs`` at a time (see :func:`job_environments`).
@@ -293,14 +344,7 @@ def run_sweep(sweep: Sweep, out: str | Path, *, tensorboard: bool = False, jobs:
     print(f"sweep | {len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to run -> {out}"
           + (f", {jobs} at a time" if jobs > 1 else ""), flush=True)
     slots = job_environments(jobs)
-    commands = []
-    for i, run in enumerate(todo):
-        cmd = [sys.executable, "-m", "fedpers.cli", "run"]
-        for key, value in {**run.overrides, **resumable(run.run_dir), "tensorboard": tensorboard}.items():
-            # JSON is read back by YAML as exactly this value: no character (a '#' in a path, a ': ',
-            # quotes) can change its meaning or its type
-            cmd += ["--set", f"{key}={json.dumps(value)}"]
-        commands.append((cmd, slots[i % jobs]))
+    commands = [(run_command(sweep, run, tensorboard=tensorboard), slots[i % jobs]) for i, run in enumerate(todo)]
     started = time.perf_counter()
     finished = [0]
 

@@ -33,11 +33,14 @@ def test_pyproject_run_config_table_is_the_generated_one_and_a_hand_edit_is_caug
     assert not write_pyproject(edited)
 
 
-def test_set_values_are_parsed_as_yaml_scalars():
-    assert parse_set_arguments(["alpha=0.05", "method=pfedkdh", "rounds=3", "data_dir="]) == {
-        "alpha": 0.05, "method": "pfedkdh", "rounds": 3, "data_dir": ""}
-    cfg = load_config(None, ["alpha=0.5", "num_clients=7"])
+def test_set_values_are_text_that_the_schema_types():
+    assert parse_set_arguments(["alpha=0.05", "method=pfedkdh", "rounds=3", "data_dir=", "seed=null",
+                                'out_dir="a #1: b"', "wandb_project='it''s'"]) == {
+        "alpha": "0.05", "method": "pfedkdh", "rounds": "3", "data_dir": "", "seed": "", "out_dir": "a #1: b",
+        "wandb_project": "it's"}
+    cfg = load_config(None, ["alpha=0.5", "num_clients=7", "rounds=3.0", "tensorboard=true", "out_dir=x #2: y"])
     assert cfg.alpha == 0.5 and cfg.num_clients == 7 and isinstance(cfg.alpha, float)
+    assert cfg.rounds == 3 and cfg.tensorboard is True and cfg.out_dir == "x #2: y"
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -139,8 +142,8 @@ def test_cli_bad_input_is_one_line_and_nonzero(args, message):
 
 def test_choice_values_that_yaml_1_1_reads_as_booleans_stay_strings(tmp_path):
     # "off" is a boolean in YAML 1.1; a config reads YAML 1.2 booleans (true/false only)
-    assert parse_set_arguments(["fedeagd_fusion=off", "jdfl=off", "fedeagd_teacher=false"]) == {
-        "fedeagd_fusion": "off", "jdfl": "off", "fedeagd_teacher": False}
+    cfg = load_config(None, ["method=fedeagd", "fedeagd_fusion=off", "jdfl=off", "fedeagd_teacher=false"])
+    assert cfg.fedeagd_fusion == "off" and cfg.jdfl == "off" and cfg.fedeagd_teacher is False
     path = tmp_path / "c.yaml"
     path.write_text("method: fedeagd\nfedeagd_fusion: off\nfedeagd_teacher: no\n")
     cfg = load_config(path)

@@ -37,9 +37,10 @@ def sets(*items: str) -> list[str]:
     return [a for item in (*TINY, *items) for a in ("--set", item)]
 
 
-def one_error_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
-    """The run was refused with exit 2 and exactly one ``fedpers: error:`` line naming ``needles``."""
-    assert proc.returncode == 2, proc.stdout + proc.stderr
+def one_error_line(proc: subprocess.CompletedProcess, *needles: str, code: int = 2) -> str:
+    """The run was refused with exit ``code`` (2: bad input) and exactly one ``fedpers: error:`` line naming
+    ``needles``."""
+    assert proc.returncode == code, proc.stdout + proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("fedpers: error: "), proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
@@ -54,9 +55,10 @@ def snapshot(directory: Path) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory) -> Path:
-    """One real 2-round run with a checkpoint, shared by the tests that must not change it."""
+    """One real 3-round run with a checkpoint, shared by the tests that must not change it (and the
+    uninterrupted run that an interrupted and resumed one must equal)."""
     out = tmp_path_factory.mktemp("finished") / "run"
-    proc = fedpers("run", *sets("rounds=2", f"checkpoint_dir={out / 'ckpt'}"), "--out", str(out))
+    proc = fedpers("run", *sets("rounds=3", f"checkpoint_dir={out / 'ckpt'}"), "--out", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (out / "summary.json").is_file()
     return out
@@ -76,16 +78,21 @@ def _first_metrics(out: Path) -> Path | None:
     return found[0] if found else None
 
 
-def interrupt_after_first_round(args: list[str], out: Path, *, settle: float = 0.0,
-                                timeout: float = 90) -> tuple[subprocess.Popen, float, str]:
-    """Start ``fedpers ARGS`` in its own session (so that every process it starts can be found), send it
-    SIGINT once a round is in ``out`` (and ``settle`` seconds more); return it, the seconds it took to exit
-    and its stderr."""
+def _default_signals() -> None:
     # SIGINT as a terminal's Ctrl-C finds it: a test runner started in the background (`make test &` in a
     # non-interactive shell) ignores SIGINT, and a child would inherit that
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def interrupt_after_first_round(args: list[str], out: Path, *, settle: float = 0.0, timeout: float = 90,
+                                sig: int = signal.SIGINT) -> tuple[subprocess.Popen, float, str]:
+    """Start ``fedpers ARGS`` in its own session (so that every process it starts can be found), send it
+    ``sig`` once a round is in ``out`` (and ``settle`` seconds more); return it, the seconds it took to exit
+    and its stderr."""
     proc = subprocess.Popen([sys.executable, "-m", "fedpers.cli", *args], cwd=ROOT, env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=_default_signals)
     try:
         deadline = time.monotonic() + 240
         while _first_metrics(out) is None:
@@ -93,7 +100,7 @@ def interrupt_after_first_round(args: list[str], out: Path, *, settle: float = 0
             time.sleep(0.2)
         time.sleep(settle)
         sent = time.monotonic()
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         _, stderr = proc.communicate(timeout=timeout)
         return proc, time.monotonic() - sent, stderr
     finally:
@@ -329,3 +336,303 @@ def test_sweep_passes_a_path_with_a_hash_unchanged(tmp_path):
     summaries = list(out.rglob("summary.json"))
     assert len(summaries) == 1 and summaries[0].is_relative_to(out / "runs")
     assert json.loads(summaries[0].read_text())["config"]["out_dir"] == str(summaries[0].parent)
+
+
+# --- Issue 32: the engine's own failures, SIGTERM, odd data and odd files ------------------------------------
+def _wait_until_gone(sid: int) -> list[str]:
+    """The live processes of session ``sid`` once none is left, or after 20 s those still there (the killed
+    ones of a run get a moment to be reaped)."""
+    deadline = time.monotonic() + 20
+    while _session_processes(sid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return _session_processes(sid)
+
+
+def _accuracies(out: Path) -> list[tuple]:
+    return [(r["round"], r["personalized_macro_acc"], r["per_client_acc"], r.get("global_acc"))
+            for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())]
+
+
+@pytest.mark.simulation
+def test_sigterm_during_a_round_ends_the_run_as_ctrl_c_and_resume_gives_the_uninterrupted_numbers(
+        finished_run, tmp_path):
+    out = tmp_path / "run"
+    keys = sets("rounds=3", f"checkpoint_dir={out / 'ckpt'}", f"client_state_dir={out / 'state'}")
+    proc, _, stderr = interrupt_after_first_round(["run", *keys, "--out", str(out)], out, sig=signal.SIGTERM)
+    assert proc.returncode == 143, stderr
+    assert [line for line in stderr.splitlines() if line.startswith("fedpers:")] == ["fedpers: terminated"], stderr
+    assert "Traceback" not in stderr
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert lines and all(isinstance(json.loads(line), dict) for line in lines)  # every line whole JSON
+    assert not (out / "summary.json").exists()  # it stopped inside the run
+    assert _wait_until_gone(proc.pid) == []
+    resumed = fedpers("run", *keys, "--set", "resume=true", "--out", str(out))
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert _accuracies(out) == _accuracies(finished_run)  # rounds 1-3 once each, the same numbers
+
+
+ENGINE_FAILS = """
+import sys, threading
+import ray  # noqa: F401  (as in a simulation: Ray is loaded)
+import fedpers.simulation as simulation
+
+def failing_engine(cfg, verbose=False):
+    # stands for Flower's ServerApp thread, which waits for replies that never come: not a daemon
+    threading.Thread(target=threading.Event().wait, name="serverapp").start()
+    raise RuntimeError("An error was encountered. Ending simulation.") from ValueError("ActorPool is empty")
+
+simulation.run_simulation = failing_engine
+from fedpers.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_an_error_from_the_engine_is_one_line_and_the_command_ends(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", ENGINE_FAILS, "run", *sets("rounds=1"), "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT, env=ENV)
+    one_error_line(proc, "the simulation engine failed (ValueError: ActorPool is empty)", "--verbose", code=1)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA GPU is present")
+@pytest.mark.parametrize("resource, needles", [
+    ("client_cpus=64", ["config key 'client_cpus': 64 CPUs per client, but this machine has"]),
+    ("client_gpus=1", ["config key 'client_gpus': 1 GPUs per client, but this machine has no CUDA GPU"]),
+])
+def test_resources_the_machine_does_not_have_are_refused_before_ray_starts(tmp_path, resource, needles):
+    if resource == "client_cpus=64" and (os.cpu_count() or 1) >= 64:
+        pytest.skip("this machine has 64 cores")
+    one_error_line(fedpers("run", *sets("rounds=1", resource), "--out", str(tmp_path / "o")), *needles)
+    assert not (tmp_path / "o" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("args", [["--out", ""], ["--set", "out_dir="], ["--set", "out_dir=  "]])
+def test_an_empty_out_dir_is_refused(args):
+    before = sorted(p.name for p in ROOT.iterdir())
+    one_error_line(fedpers("run", *sets("rounds=1"), *args), "config key 'out_dir': must name a directory")
+    assert sorted(p.name for p in ROOT.iterdir()) == before  # nothing written in the current directory
+
+
+def test_an_empty_out_is_refused_by_sweep_and_certs(tmp_path):
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("base: {rounds: 1}\ndatasets: [digits]\nalphas: [1.0]\nseeds: [0]\nmethods: [fedper]\n")
+    one_error_line(fedpers("sweep", str(sweep), "--out", ""), "--out must name a directory")
+    one_error_line(fedpers("deploy", "certs", "--out", " "), "--out must name a directory")
+
+
+SET_REFUSAL_IMPORTS = """
+import sys
+from fedpers.cli import main
+code = main(sys.argv[1:])
+print("torch" in sys.modules)
+sys.exit(code)
+"""
+
+
+def test_set_values_are_kept_whole_and_a_bad_core_value_is_refused_without_torch(tmp_path):
+    proc = fedpers("config", "--set", "out_dir=runs/sweep #2/a", "--set", "wandb_project=a: b # c",
+                   "--set", "rounds=3", "--set", 'data_dir="x #1"')
+    assert proc.returncode == 0, proc.stderr
+    resolved = __import__("yaml").safe_load(proc.stdout)
+    assert (resolved["out_dir"], resolved["wandb_project"], resolved["rounds"], resolved["data_dir"]) == (
+        "runs/sweep #2/a", "a: b # c", 3, "x #1")
+    proc = subprocess.run([sys.executable, "-c", SET_REFUSAL_IMPORTS, "run", "--set", "rounds=ten"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT, env=ENV)
+    one_error_line(proc, "config key 'rounds': expected int, got str 'ten'")
+    assert proc.stdout.strip() == "False"  # refused before the methods' modules (and torch) were imported
+
+
+def test_a_sweeps_set_keeps_the_whole_value_and_the_keys_type(tmp_path):
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("base: {rounds: 1}\ndatasets: [digits]\nalphas: [1.0]\nseeds: [0]\nmethods: [fedper]\n")
+    out = tmp_path / "sweep"
+    proc = fedpers("sweep", str(sweep), "--out", str(out), "--report-only", "--set", "wandb_project=x #1: y",
+                   "--set", "rounds=3", "--set", "tensorboard=true")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    base = json.loads((out / "sweep.json").read_text())["sweep"]["base"]
+    assert base == {"rounds": 3, "wandb_project": "x #1: y", "tensorboard": True}
+
+
+def test_resume_with_fewer_rounds_than_the_checkpoint_is_refused(finished_run, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    before = snapshot(out)
+    proc = fedpers("run", *sets("rounds=2", f"checkpoint_dir={out / 'ckpt'}", "resume=true"), "--out", str(out))
+    one_error_line(proc, "config key 'rounds'", "holds 3 rounds, more than rounds=2")
+    assert snapshot(out) == before
+
+
+def _npz(path: Path, x_train, y_train, x_test=None, y_test=None) -> Path:
+    rng = np.random.default_rng(0)
+    x_test = rng.integers(0, 255, (50, 8, 8), dtype=np.uint8) if x_test is None else x_test
+    np.savez(path, x_train=x_train, y_train=y_train, x_test=x_test, y_test=np.arange(50) % 10 if y_test is None else y_test)
+    return path
+
+
+def _run_on(data: Path, out: Path) -> subprocess.CompletedProcess:
+    return fedpers("run", *sets("rounds=1", f"dataset={data}", "num_clients=2", "aux_size=0"), "--out", str(out))
+
+
+def test_data_with_a_single_class_is_refused(tmp_path):
+    rng = np.random.default_rng(0)
+    data = _npz(tmp_path / "oneclass.npz", rng.integers(0, 255, (200, 8, 8), dtype=np.uint8), np.zeros(200, int),
+                y_test=np.zeros(50, int))
+    one_error_line(_run_on(data, tmp_path / "o"), "oneclass: y_train holds a single class (0)")
+
+
+@pytest.mark.parametrize("case", ["huge", "inf"])
+def test_a_huge_or_infinite_float_pixel_is_refused_without_warnings(tmp_path, case):
+    rng = np.random.default_rng(0)
+    x = rng.random((200, 8, 8)).astype(np.float32)
+    x_test = rng.random((50, 8, 8)).astype(np.float32)
+    if case == "huge":
+        x[3, 2, 2] = 3e38  # finite, but its square overflows float32
+        needle = "huge: x_train holds a pixel of magnitude 3e+38"
+    else:
+        x_test[0, 0, 0] = np.inf
+        needle = "inf: x_test contains NaN or Inf pixels"
+    one_error_line(_run_on(_npz(tmp_path / f"{case}.npz", x, np.arange(200) % 10, x_test), tmp_path / "o"), needle)
+
+
+def test_standardisation_of_large_float_pixels_is_not_zeros():
+    from fedpers.data import from_arrays
+
+    rng = np.random.default_rng(0)
+    x = rng.random((200, 8, 8)).astype(np.float32)
+    x[:40, 0, 0] = 5e18  # below the refusal, yet the float32 sum of squares would overflow
+    data = from_arrays("large", x, np.arange(200) % 10, x[:50], np.arange(50) % 10)
+    assert np.isfinite(data.x_train).all() and np.count_nonzero(data.x_train) == data.x_train.size
+    assert abs(float(data.x_train.std(dtype=np.float64)) - 1.0) < 1e-3
+
+
+def test_images_too_small_for_the_model_are_refused(tmp_path):
+    rng = np.random.default_rng(0)
+    data = _npz(tmp_path / "tiny.npz", rng.integers(0, 255, (200, 2, 2), dtype=np.uint8), np.arange(200) % 10,
+                rng.integers(0, 255, (50, 2, 2), dtype=np.uint8))
+    one_error_line(_run_on(data, tmp_path / "o"), "images of 2x2 pixels are too small for model cnn")
+
+
+def test_keys_of_another_method_are_named_in_one_warning(tmp_path):
+    proc = fedpers("config", "--set", "method=fedavg", "--set", "ditto_lambda=1", "--set", "fedeagd_ema_decay=0.9")
+    assert proc.returncode == 0 and proc.stderr.splitlines() == [
+        "fedpers: warning: method fedavg ignores ditto_lambda (ditto), fedeagd_ema_decay (fedeagd)"], proc.stderr
+    config = tmp_path / "c.yaml"
+    config.write_text("method: fedavg\njdfl_m: 3\n")  # an extension's key while it is off
+    proc = fedpers("config", str(config))
+    assert proc.stderr.splitlines() == ["fedpers: warning: method fedavg ignores jdfl_m (jdfl)"], proc.stderr
+    proc = fedpers("config", "--shared", "ditto_lambda=1", "--set", "method=fedavg")  # a sweep's base: no warning
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+
+
+def test_a_sweeps_base_may_carry_other_methods_keys_but_a_rows_own_set_is_warned_about(tmp_path):
+    from fedpers.sweep import load_sweep, plan, run_command
+
+    sweep_file = tmp_path / "s.yaml"
+    sweep_file.write_text("base: {rounds: 1, ditto_lambda: 0.5}\ndatasets: [digits]\nalphas: [1.0]\nseeds: [0]\n"
+                          "methods: [fedavg, ditto, {label: odd, method: fedper, set: {fedeagd_ema_decay: 0.9}}]\n")
+    sweep = load_sweep(sweep_file)
+    warnings = {}
+    for run in plan(sweep, tmp_path / "out"):
+        cmd = run_command(sweep, run)
+        assert cmd[3] == "run" and ["--shared", "ditto_lambda=0.5"] in [cmd[i:i + 2] for i in range(len(cmd))]
+        proc = fedpers("config", *cmd[4:])  # the run's own command line, resolved by the real CLI
+        assert proc.returncode == 0, proc.stderr
+        warnings[run.run_key] = proc.stderr.splitlines()
+    assert warnings == {"fedavg": [], "ditto": [], "fedper_fedeagd_ema_decay=0.9": [
+        "fedpers: warning: method fedper ignores fedeagd_ema_decay (fedeagd)"]}
+
+
+def _fake_sweep(tmp_path: Path) -> tuple[Path, Path]:
+    """A sweep directory (its sweep.json written by the real CLI) with one finished run written here."""
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("base: {rounds: 2}\ndatasets: [digits]\nalphas: [1.0]\nseeds: [0]\nmethods: [fedper]\n")
+    out = tmp_path / "sweep"
+    assert fedpers("sweep", str(sweep), "--out", str(out), "--report-only").returncode == 0
+    run = out / "runs" / "fedper" / "digits_a1" / "seed0"
+    run.mkdir(parents=True)
+    rounds = [{"round": r, "personalized_macro_acc": 0.5 + r / 10, "per_client_acc": {"0": 0.5}} for r in (1, 2)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rounds))
+    final = {"personalized_macro_acc": 0.7, "personalized_weighted_acc": 0.7, "global_acc": None}
+    (run / "summary.json").write_text(json.dumps({"metric": "personalized_macro_acc", "final": final, "best": final,
+                                                  "mean_last_5_evaluated": final, "rounds": 2}))
+    return out, run
+
+
+@pytest.mark.parametrize("case", ["no_such_metric", "torn_metrics", "truncated_summary"])
+def test_report_refuses_an_unknown_metric_and_torn_files_and_writes_nothing(tmp_path, case):
+    out, run = _fake_sweep(tmp_path)
+    args = []
+    if case == "no_such_metric":
+        args, needles = ["--metric", "no_such_metric"], ["'no_such_metric' is not a metric of these runs",
+                                                         "personalized_macro_acc, personalized_weighted_acc"]
+    elif case == "torn_metrics":
+        (run / "metrics.jsonl").write_text((run / "metrics.jsonl").read_text()[:-20])
+        needles = [f"{run / 'metrics.jsonl'} line 2 is not a whole JSON record"]
+    else:
+        (run / "summary.json").write_text((run / "summary.json").read_text()[:30])
+        needles = [f"{run / 'summary.json'} is not a whole summary.json"]
+    before = snapshot(out)
+    one_error_line(fedpers("report", str(out), *args), *needles)
+    assert snapshot(out) == before  # the tables of the last report are as they were
+
+
+@pytest.mark.parametrize("content, needles", [
+    ("- a\n- b\n", ["must be a mapping", "got list"]),
+    (b"\x89PNG\r\n\x1a\n\x00\xff", ["is not a text file"]),
+    ("base: [1, 2]\ndatasets: [digits]\nalphas: [1.0]\nseeds: [0]\nmethods: [fedper]\n",
+     ["'base' must be a mapping of config key: value, got list"]),
+    ("base: {rounds: 1}\ndatasets: [digits]\nalphas: [1.0]\nseeds: [0]\nmethods: [{method: fedper, set: [1]}]\n",
+     ["'fedper: set' must be a mapping of config key: value, got list"]),
+    ("base: {rounds: 1}\ndatasets: [digits, mnsit]\nalphas: [1.0]\nseeds: [0]\nmethods: [fedper]\n",
+     ["run fedper/mnsit", "unknown dataset 'mnsit'"]),
+    ("base: {rounds: 1}\ndatasets: [digits]\nalphas: [1.0]\nseeds: [.inf]\nmethods: [fedper]\n",
+     ["'seeds' must list integers, got inf"]),
+], ids=["list", "binary", "list_base", "list_set", "second_dataset_typo", "infinite_seed"])
+def test_malformed_sweep_files_are_one_line_before_any_run(tmp_path, content, needles):
+    sweep = tmp_path / "s.yaml"
+    sweep.write_bytes(content if isinstance(content, bytes) else content.encode())
+    one_error_line(fedpers("sweep", str(sweep), "--out", str(tmp_path / "o"), "--dry-run"), *needles)
+
+
+@pytest.mark.parametrize("content, needles", [
+    ("[a, b]: 1\n", ["is not valid YAML (line 1): a key must be a name, got a list"]),
+    ("seed: " + "9" * 5000 + "\n", ["is not valid YAML (line 1): a number of 5000 characters is not a config value"]),
+    ("alpha: " + "x" * 5000 + "\n", ["config key 'alpha': expected float", "(4802 more characters)"]),
+    ("# padding\n" * 110_000, ["has 1,100,000 bytes; a config file holds at most 1,048,576"]),
+], ids=["list_key", "5000_digits", "5000_char_value", "too_large"])
+def test_odd_config_files_are_one_short_line(tmp_path, content, needles):
+    config = tmp_path / "c.yaml"
+    config.write_text(content)
+    line = one_error_line(fedpers("config", str(config)), *needles)
+    assert len(line) < 400
+
+
+@pytest.mark.parametrize("sets_, needle", [
+    (["seed=18446744073709551616"], "config key 'seed': must be below 2**63"),
+    (["faulty_clients=1,99", "num_clients=2"], "config key 'faulty_clients': client 99 does not exist (num_clients=2: ids 0..1)"),
+])
+def test_values_that_would_fail_after_the_engine_started_are_refused_at_config_time(sets_, needle):
+    one_error_line(fedpers("config", *[a for s_ in sets_ for a in ("--set", s_)]), needle)
+
+
+def test_an_unreachable_ray_address_is_one_line(tmp_path):
+    import socket
+
+    with socket.socket() as s_:  # a port nothing listens on once this socket is closed
+        s_.bind(("127.0.0.1", 0))
+        port = s_.getsockname()[1]
+    one_error_line(fedpers("run", *sets("rounds=1", f"ray_address=127.0.0.1:{port}"), "--out", str(tmp_path / "o")),
+                   f"config key 'ray_address': no Ray cluster answers at 127.0.0.1:{port}")
+
+
+def test_certs_never_replace_a_users_file_nor_take_a_file_or_no_nodes(tmp_path):
+    d = tmp_path / "pki"
+    d.mkdir()
+    (d / "server.key").write_text("my own key")
+    one_error_line(fedpers("deploy", "certs", "--out", str(d), "--nodes", "1"), "already holds server.key but no CA")
+    one_error_line(fedpers("deploy", "certs", "--out", str(d), "--nodes", "1", "--force"), "server.key", "no CA")
+    assert sorted(p.name for p in d.iterdir()) == ["server.key"] and (d / "server.key").read_text() == "my own key"
+    f = tmp_path / "afile"
+    f.write_text("x")
+    one_error_line(fedpers("deploy", "certs", "--out", str(f)), f"--out {f} is a file")
+    one_error_line(fedpers("deploy", "certs", "--out", str(tmp_path / "new"), "--nodes", "-2"), "--nodes must be >= 1")
+    assert not (tmp_path / "new").exists()
