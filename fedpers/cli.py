@@ -27,6 +27,7 @@ import yaml
 
 from fedpers.config import Config, full_schema, load_config
 from fedpers.errors import EngineError, FedpersError, Interrupted, cut
+from fedpers.processes import kill_own_tree, own_tree  # no import inside the signal handler
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -340,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGINT, _interrupt)
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _interrupt)
+    _forward_signals_to_main_thread()
     try:
         return handler(args)
     except FedpersError as exc:
@@ -362,6 +364,10 @@ SIGNAL_EXITS = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "term
 _interrupted = False
 _said_interrupted = False
 _exit_code, _ended_word = SIGNAL_EXITS[signal.SIGINT]
+# The processes this command had started when the signal came (pid -> start time): Flower's engine stops
+# Ray as the interrupt unwinds, and Ray's shutdown stops the raylet first, which leaves its workers (a
+# client actor in the middle of a fit) to init, no longer in this process's tree; they are ended too.
+_tree_at_signal: dict[int, str | None] = {}
 
 
 def _interrupt(signum, frame) -> None:
@@ -382,6 +388,7 @@ def _interrupt(signum, frame) -> None:
         return
     if not _interrupted:
         _exit_code, _ended_word = SIGNAL_EXITS.get(signum, SIGNAL_EXITS[signal.SIGINT])
+        _tree_at_signal.update(own_tree())
     _interrupted = True
     logging.getLogger("flwr").disabled = True
     if simulating:
@@ -390,13 +397,48 @@ def _interrupt(signum, frame) -> None:
     raise Interrupted(signum)
 
 
+def _forward_signals_to_main_thread() -> None:
+    """Make sure a SIGINT / SIGTERM reaches :func:`_interrupt`, which Python runs in the main thread only.
+
+    The kernel hands a process's signal to any one of its threads. Delivered to one of Ray's or Flower's
+    threads, it only marks the signal as pending, and a main thread blocked in a lock (joining Flower's
+    worker threads) is not woken up: the command went on as if nothing had come (1 run in about 20 on a
+    busy machine). Python's wakeup fd says that a signal came; a thread of ours then sends it to the main
+    thread itself unless the handler has run already."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    try:
+        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    except ValueError:  # not in the main thread of the main interpreter
+        return
+    threading.Thread(target=_forwarder, args=(read_fd, threading.main_thread().ident),
+                     name="fedpers-signal-forwarder", daemon=True).start()
+
+
+def _forwarder(read_fd: int, main_thread: int) -> None:
+    """Read the signal numbers of the wakeup fd; resend SIGINT / SIGTERM to the main thread while its
+    handler has not run (after a moment, in which a signal that reached the main thread is handled there)."""
+    while True:
+        try:
+            data = os.read(read_fd, 64)
+        except OSError:
+            return
+        for signum in data:
+            if signum in SIGNAL_EXITS:
+                time.sleep(0.5)
+                if not _interrupted:
+                    signal.pthread_kill(main_thread, signum)
+
+
 def _end_after(seconds: float) -> None:
     """The interrupt's deadline: if the command is still unwinding after ``seconds``, end it and all it
     started now (every results file is written line by line, every checkpoint atomically)."""
     time.sleep(seconds)
     if not _said_interrupted:
         print(f"fedpers: {_ended_word} (ended after {seconds:.0f} s of shutting down)", file=sys.stderr, flush=True)
-    _end(_exit_code)
+    _end(_exit_code, dict(_tree_at_signal))
 
 
 def _say_interrupted() -> None:
@@ -411,20 +453,19 @@ def exit_now(code: int) -> None:
     A plain return would make the interpreter join Flower's threads at exit (the ServerApp thread and its
     thread pool wait for replies that never come once the engine has stopped), which hangs for minutes.
     Every results file is written line by line with a flush, so nothing half-written is left behind."""
+    started = {**_tree_at_signal, **own_tree()}  # before Ray's shutdown leaves its workers to init
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         stopper = threading.Thread(target=ray.shutdown, daemon=True)
         stopper.start()
         stopper.join(timeout=5)
-    _end(code)
+    _end(code, started)
 
 
-def _end(code: int) -> None:
+def _end(code: int, started: dict[int, str | None] | None = None) -> None:
     """Kill whatever this process started that is still alive (Ray's processes when its shutdown did not
-    finish), flush and exit with ``code``."""
-    from fedpers.processes import kill_own_tree
-
-    kill_own_tree()
+    finish, and those of ``started`` that its shutdown orphaned), flush and exit with ``code``."""
+    kill_own_tree(started)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

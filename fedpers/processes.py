@@ -40,6 +40,26 @@ def signal_pids(pids: Iterable[int], sig: int) -> None:
             os.kill(pid, sig)
 
 
-def kill_own_tree() -> None:
-    """SIGKILL every descendant of this process (what it started and what those started)."""
-    signal_pids(descendants(os.getpid()), signal.SIGKILL)
+def _start_time(pid: int) -> str | None:
+    """When ``pid`` started (``/proc/PID/stat`` field 22, in clock ticks since boot), or None once it is gone:
+    a PID and its start time name one process, even after the PID is reused."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def own_tree() -> dict[int, str | None]:
+    """Every live descendant of this process with its start time: what :func:`kill_own_tree` ends later
+    even if it has left the tree by then (Ray's workers outlive their raylet, stopped first by
+    ``ray.shutdown``, and are then children of init, no longer ours by ``/proc``)."""
+    return {pid: _start_time(pid) for pid in descendants(os.getpid())}
+
+
+def kill_own_tree(known: dict[int, str | None] | None = None) -> None:
+    """SIGKILL every descendant of this process (what it started and what those started), and each process
+    of ``known`` (from :func:`own_tree`) that is still the same process."""
+    pids = descendants(os.getpid())
+    pids += [pid for pid, started in (known or {}).items()
+             if pid not in pids and started is not None and _start_time(pid) == started]
+    signal_pids(pids, signal.SIGKILL)

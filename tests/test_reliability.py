@@ -371,6 +371,29 @@ def test_sigterm_during_a_round_ends_the_run_as_ctrl_c_and_resume_gives_the_unin
     assert _accuracies(out) == _accuracies(finished_run)  # rounds 1-3 once each, the same numbers
 
 
+SIGNAL_TO_ANOTHER_THREAD = """
+import signal, sys, threading, time
+import fedpers.cli as cli
+
+def blocked_main_thread(args):
+    # stands for Flower's engine: the main thread blocked joining a thread, the signal handed by the kernel
+    # to another thread (Ray's and Flower's are many)
+    worker = threading.Thread(target=threading.Event().wait, daemon=True)
+    worker.start()
+    threading.Thread(target=lambda: (time.sleep(0.5), signal.pthread_kill(worker.ident, signal.SIGTERM))).start()
+    worker.join()
+
+cli.cmd_methods = blocked_main_thread
+sys.exit(cli.main(["methods"]))
+"""
+
+
+def test_a_signal_handed_to_another_thread_still_ends_the_command():
+    proc = subprocess.run([sys.executable, "-c", SIGNAL_TO_ANOTHER_THREAD], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT, env=ENV, preexec_fn=_default_signals)
+    assert (proc.returncode, proc.stderr) == (143, "fedpers: terminated\n")
+
+
 ENGINE_FAILS = """
 import sys, threading
 import ray  # noqa: F401  (as in a simulation: Ray is loaded)
