@@ -342,11 +342,13 @@ def main(argv: list[str] | None = None) -> int:
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _interrupt)
     _forward_signals_to_main_thread()
+    global _ray_before_command
+    _ray_before_command = "ray" in sys.modules
     try:
         return handler(args)
     except FedpersError as exc:
         print(f"fedpers: error: {exc}", file=sys.stderr, flush=True)
-        if "ray" in sys.modules:  # the engine's threads may still wait for replies: do not join them
+        if _simulating():  # the engine's threads may still wait for replies: do not join them
             exit_now(exc.exit_code)
         return exc.exit_code
     except KeyboardInterrupt:
@@ -368,6 +370,15 @@ _exit_code, _ended_word = SIGNAL_EXITS[signal.SIGINT]
 # Ray as the interrupt unwinds, and Ray's shutdown stops the raylet first, which leaves its workers (a
 # client actor in the middle of a fit) to init, no longer in this process's tree; they are ended too.
 _tree_at_signal: dict[int, str | None] = {}
+# Whether Ray was imported before this command began: only a command that imported it itself ran a
+# simulation whose threads may hang the exit. (A process that calls main() more than once, a test suite,
+# may hold Ray from earlier: ending it with os._exit on a refused input would end that process.)
+_ray_before_command = False
+
+
+def _simulating() -> bool:
+    """Whether this command has started Flower's simulation engine (it imported Ray)."""
+    return "ray" in sys.modules and not _ray_before_command
 
 
 def _interrupt(signum, frame) -> None:
@@ -383,7 +394,7 @@ def _interrupt(signum, frame) -> None:
     gets the terminal's Ctrl-C and then the sweep's) changes nothing: the first one's deadline and exit code
     stand; in a deployment it cuts the graceful stop of its processes short, as before."""
     global _interrupted, _exit_code, _ended_word
-    simulating = "ray" in sys.modules  # only a simulation has Ray to wait for; a deployment stops its own
+    simulating = _simulating()  # only a simulation has Ray to wait for; a deployment stops its own
     if _interrupted and simulating:
         return
     if not _interrupted:
