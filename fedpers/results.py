@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -117,8 +118,13 @@ class ResultsWriter:
         if history:
             from fedpers.run_figures import curves_png
 
-            curves_png(history, self.out_dir / "curves.png", ACCURACY_PREFIXES,
-                       title=f"{summary.get('method', '')} on {Path(str(summary.get('dataset', ''))).name}")
+            try:
+                curves_png(history, self.out_dir / "curves.png", ACCURACY_PREFIXES,
+                           title=f"{summary.get('method', '')} on {Path(str(summary.get('dataset', ''))).name}")
+            except OSError as exc:  # a full disk: the figure is lost, the run's numbers are not (written above)
+                (self.out_dir / "curves.png").unlink(missing_ok=True)
+                print(f"fedpers: warning: could not write {self.out_dir / 'curves.png'} ({exc.strerror or exc}); "
+                      "metrics.jsonl and summary.json are whole", file=sys.stderr, flush=True)
 
 
 def wandb_module():

@@ -659,3 +659,29 @@ def test_certs_never_replace_a_users_file_nor_take_a_file_or_no_nodes(tmp_path):
     one_error_line(fedpers("deploy", "certs", "--out", str(f)), f"--out {f} is a file")
     one_error_line(fedpers("deploy", "certs", "--out", str(tmp_path / "new"), "--nodes", "-2"), "--nodes must be >= 1")
     assert not (tmp_path / "new").exists()
+
+
+def test_a_full_disk_while_drawing_the_curves_keeps_the_numbers_and_says_so(tmp_path, monkeypatch, capsys):
+    """Issue 32, item 10: ENOSPC while curves.png is written is one warning line; summary.json (written
+    first) and metrics.jsonl are whole, and no half-written picture is left."""
+    import errno
+    import json
+
+    import fedpers.run_figures as figures
+    from fedpers.results import ResultsWriter
+
+    def full_disk(history, path, *args, **kwargs):
+        path.write_bytes(b"\x89PNG half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(figures, "curves_png", full_disk)
+    writer = ResultsWriter(tmp_path)
+    record = {"round": 1, "global_acc": None, "personalized_macro_acc": 0.5, "per_client_acc": {"0": 0.5},
+              "train_loss": 1.0, "bytes_up": 0, "bytes_down": 0, "round_seconds": 0.1}
+    writer.append_round(record)
+    writer.write_summary({"method": "fedper", "dataset": "digits", "final": {}}, [record])
+    assert json.loads((tmp_path / "summary.json").read_text())["method"] == "fedper"
+    assert [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()][0]["round"] == 1
+    assert not (tmp_path / "curves.png").exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "could not write" in err[0] and "No space left on device" in err[0]
