@@ -301,17 +301,10 @@ def load_dataset(dataset: str, data_dir: str = "") -> Dataset:
         return load_digits_dataset()
     if dataset in DOMAIN_DATASETS:  # multi-domain sets built from several sources
         return load_domain_dataset(dataset, data_dir)
-    if dataset not in _NPZ_NAMES:
-        raise DataError(
-            f"unknown dataset '{dataset}': use one of {', '.join(NAMED_DATASETS)} or a path to a .npz file"
-        )
-    root = Path(data_dir) if data_dir else default_data_dir()
-    if data_dir and not root.is_dir():
-        raise DataError(f"data_dir not found: {root}")
-    for fname in _NPZ_NAMES[dataset]:
-        if (root / fname).is_file():
-            return load_npz(root / fname)
-    return _load_torchvision(dataset, root)
+    where = find_dataset(dataset, data_dir)  # one rule for where a named set is read from
+    if where == "torchvision":
+        return _load_torchvision(dataset, Path(data_dir) if data_dir else default_data_dir())
+    return load_npz(where)
 
 
 # --- multi-domain datasets (feature skew; split by fedpers/domains.py) ---------------------------------

@@ -84,6 +84,18 @@ def non_empty(v: str) -> str | None:
     return None if v.strip() else "must name a directory, not be empty"
 
 
+def parses(parse: Callable[[str], Any]) -> Callable[[str], str | None]:
+    """Range check of a text Key that ``parse`` reads (a list of lengths, ...): None when it parses, else
+    the ValueError's message."""
+    def check(text: str) -> str | None:
+        try:
+            parse(text)
+        except ValueError as exc:
+            return str(exc)
+        return None
+    return check
+
+
 def one_of(*choices: str) -> Callable[[str], str | None]:
     """Choice check of a Key: None when the value is one of ``choices``, else the problem."""
     def check(v: str) -> str | None:

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedpers.training import sgd, train_epochs
-from fedpers.schema import Key, non_negative
+from fedpers.schema import Key, parses, non_negative
 
 
 # FedBABU's own config keys: its section of the config table, which fedpers.config assembles
@@ -22,7 +22,8 @@ KEYS: tuple[Key, ...] = (
     Key("fedbabu_finetune_also", str, "",
         "FedBABU: other fine-tuning epoch counts also evaluated from the same fine-tuning run, comma-separated "
         "(e.g. '1,3,10'), recorded as personalized_macro_acc_ft<e>; each is what that "
-        "fedbabu_finetune_epochs gives (ours, for sensitivity studies)", lambda text: epoch_list_problem(text)),
+        "fedbabu_finetune_epochs gives (ours, for sensitivity studies)",
+        lambda text: parses(parse_epoch_list)(text)),
 )
 
 
@@ -67,12 +68,3 @@ def parse_epoch_list(text: str) -> list[int]:
             raise ValueError(f"'{token}' is not an epoch count (e.g. 1,3,10)")
         out.append(int(token))
     return out
-
-
-def epoch_list_problem(text: str) -> str | None:
-    """Range check of ``fedbabu_finetune_also``: None when every token is an epoch count, else the problem."""
-    try:
-        parse_epoch_list(text)
-    except ValueError as exc:
-        return str(exc)
-    return None

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from fedpers.losses import distillation_kl, proximal_term
-from fedpers.schema import Key, positive, non_negative, unit_interval, one_of
+from fedpers.schema import Key, parses, positive, non_negative, unit_interval, one_of
 from fedpers.wire import Contract
 
 
@@ -37,7 +37,7 @@ KEYS: tuple[Key, ...] = (
         "pFedKDH-EA: other adaptation lengths also evaluated, from the same adaptation run, comma-separated: "
         "'50' (steps) or '1ep' (epochs), recorded as personalized_macro_acc_ea50 / _ea1ep; each is what "
         "that ea_steps / ea_epochs gives (ours, for sensitivity studies)",
-        lambda text: adaptation_lengths_problem(text)),
+        lambda text: parses(parse_adaptation_lengths)(text)),
     Key("ea_lr", float, 0.015, "pFedKDH-EA head-adaptation learning rate (ours: = lr)", positive),
 )
 
@@ -64,15 +64,6 @@ def parse_adaptation_lengths(text: str) -> list[tuple[str, int, str]]:
             raise ValueError(f"'{token}' is neither a step count (e.g. 50) nor an epoch count (e.g. 1ep)")
         out.append((token, int(digits), unit))
     return out
-
-
-def adaptation_lengths_problem(text: str) -> str | None:
-    """Range check of ``ea_also``: None when every token parses, else the problem."""
-    try:
-        parse_adaptation_lengths(text)
-    except ValueError as exc:
-        return str(exc)
-    return None
 
 
 def adaptation_steps(count: int, unit: str, num_train: int, batch_size: int) -> int:
