@@ -348,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         return handler(args)
     except FedpersError as exc:
         print(f"fedpers: error: {exc}", file=sys.stderr, flush=True)
-        if _simulating():  # the engine's threads may still wait for replies: do not join them
+        # the engine's threads may still wait for replies: do not join them
+        if _simulating() or isinstance(exc, EngineError):
             exit_now(exc.exit_code)
         return exc.exit_code
     except KeyboardInterrupt:
