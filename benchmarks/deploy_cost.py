@@ -23,7 +23,8 @@ is a round in the middle of a longer run. The per-message breakdown:
 * measured in fresh interpreters of the tree under test (works for any checkout): Python + Flower +
   fedpers + torch imports of the ClientApp module, and that plus loading the client's data (the
   federation: dataset + partition), i.e. what every message pays before it trains;
-* where the tree has ``fedpers.client_app`` (issue 17 on), every ClientApp process of the run logs its
+* where the tree has a ClientApp module of its own (``fedpers.client_app``, issue 17 on; ``fedpers.apps.client_app``
+  from issue 29 on), every ClientApp process of the run logs its
   own timeline (``FEDPERS_MESSAGE_TIMING``): process start -> message handed over (interpreter and
   imports) -> client built (data, model, state) -> reply ready (training or evaluation), per message
   type; the rest of a round (``round - fit phase - evaluate phase``) is polling, transfers and the
@@ -74,14 +75,14 @@ RUN = dict(method="pfedkdh", variant="ea", dataset="digits", fraction_fit=1.0, e
 
 
 def small_config(out: Path, rounds: int, clients: int, sets: list[str]):
-    from fedpers.config import build_config, parse_set_arguments
+    from fedpers.registry.config import build_config, parse_set_arguments
 
     return build_config({**RUN, "rounds": rounds, "num_clients": clients, "out_dir": str(out),
                          **parse_set_arguments(sets)})
 
 
 def round_figures(out: Path, wall: float) -> dict:
-    from fedpers.results import read_metrics
+    from fedpers.core.results import read_metrics
 
     secs = [r["round_seconds"] for r in read_metrics(out)]
     return {"round_seconds": [round(s, 2) for s in secs],
@@ -97,13 +98,15 @@ def run_simulation(cfg) -> float:
     config_file.parent.mkdir(parents=True, exist_ok=True)
     config_file.write_text(yaml.safe_dump(cfg.to_dict()))
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "fedpers.cli", "run", str(config_file)], check=True, cwd=TREE,
+    # `python -m fedpers` from issue 29 on; the trees before it have only fedpers/cli.py
+    entry = "fedpers" if (TREE / "fedpers" / "__main__.py").is_file() else "fedpers.cli"
+    subprocess.run([sys.executable, "-m", entry, "run", str(config_file)], check=True, cwd=TREE,
                    stdout=subprocess.DEVNULL)
     return time.perf_counter() - t0
 
 
 def run_deployment(cfg, isolation: str) -> float:
-    from fedpers.deploy import LocalDeployment, deploy_config
+    from fedpers.apps.deploy import LocalDeployment, deploy_config
 
     out = Path(cfg.out_dir)
     cfg = deploy_config(cfg, out, resume=False)
@@ -134,8 +137,11 @@ def fresh_process_seconds(code: str, repeats: int = 3) -> float:
 def per_process_costs() -> dict:
     module = clientapp_module()
     run = json.dumps(dict(RUN, num_clients=3))
-    load = (f"import {module}; from fedpers.config import build_config; from fedpers.federation import "
-            f"get_federation; get_federation(build_config({run}))")
+    # the trees before issue 29 keep these modules at fedpers' top level
+    load = (f"import {module}\ntry:\n from fedpers.registry.config import build_config\n"
+            f" from fedpers.core.federation import get_federation\nexcept ImportError:\n"
+            f" from fedpers.config import build_config\n from fedpers.federation import get_federation\n"
+            f"get_federation(build_config({run}))")
     return {"clientapp_module": module,
             "bare_python_s": fresh_process_seconds("pass"),
             "python_and_clientapp_imports_s": fresh_process_seconds(f"import {module}"),

@@ -35,8 +35,8 @@ from proctree import run_sampled  # noqa: E402  (process-tree memory sampling, s
 
 def state_bytes(method: str, clients: int, feature_dim: int) -> dict[str, int]:
     """Bytes of the per-client state ``method`` keeps (fp32), per client and for all clients."""
-    from fedpers.models import build_model, parameter_count
-    from fedpers.registry import get_method
+    from fedpers.core.models import build_model, parameter_count
+    from fedpers.registry.methods import get_method
 
     model = build_model((1, 8, 8), 10, feature_dim=feature_dim, kind=get_method(method).model)
     personal = parameter_count(model, "personal") * 4
@@ -47,7 +47,7 @@ def state_bytes(method: str, clients: int, feature_dim: int) -> dict[str, int]:
 
 def measure(method: str, args: argparse.Namespace) -> dict:
     out = Path(args.out) / f"{method}_k{args.clients}"
-    cmd = [sys.executable, "-m", "fedpers.cli", "run", "--out", str(out),
+    cmd = [sys.executable, "-m", "fedpers", "run", "--out", str(out),
            "--set", f"method={method}", "--set", "dataset=digits", "--set", "partition=dirichlet", "--set", "alpha=1.0",
            "--set", f"num_clients={args.clients}", "--set", "fraction_fit=1.0", "--set", "aux_size=0",
            "--set", f"rounds={args.rounds}", "--set", f"eval_every={args.rounds}", "--set", "local_epochs=1",

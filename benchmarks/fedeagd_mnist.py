@@ -53,7 +53,7 @@ def run_one(name: str, method: str, extra: list[str], args: argparse.Namespace) 
     """Run (or reuse) one experiment and return its summary."""
     out = Path(args.out) / f"{name}_a{args.alpha}_r{args.rounds}_e{args.local_epochs}_s{args.seed}"
     if not (out / "summary.json").exists():
-        cmd = [sys.executable, "-m", "fedpers.cli", "run", "--out", str(out),
+        cmd = [sys.executable, "-m", "fedpers", "run", "--out", str(out),
                "--set", f"method={method}", "--set", f"dataset={args.data}", "--set", "partition=dirichlet",
                "--set", f"alpha={args.alpha}", "--set", "num_clients=20", "--set", "fraction_fit=1.0",
                "--set", f"rounds={args.rounds}", "--set", f"local_epochs={args.local_epochs}",

@@ -23,8 +23,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fedpers.algorithms.fedeagd import fusion_coefficient  # noqa: E402
-from fedpers.data import load_npz  # noqa: E402
-from fedpers.models import build_model, set_arrays  # noqa: E402
+from fedpers.core.data import load_npz  # noqa: E402
+from fedpers.core.models import build_model, set_arrays  # noqa: E402
 
 
 def main() -> int:

@@ -4,7 +4,7 @@ A step of FedPer: forward of the SE-CNN, cross-entropy, backward, SGD. A step of
 adds the EMA teacher's forward (no gradient), the drift and the weighted distillation; its drift needs the
 student's eval-mode features. Before issue 27 those came from a second pass of the whole extractor
 (``eval_mode_features``); now the convolutions run once and only the layers after the dropout run twice
-(``fedpers.training.features_in_both_modes``). Both are timed here on CIFAR-10-shaped batches (3x32x32,
+(``fedpers.core.training.features_in_both_modes``). Both are timed here on CIFAR-10-shaped batches (3x32x32,
 batch 64, feature_dim 512), one thread as a Ray client actor has, interleaved (A, B, C, A, B, C, ...) so
 that a change of load on the machine touches all three alike; medians over the repetitions.
 
@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from fedpers.algorithms.fedeagd import fedeagd_coefficients, historical_distillation
-from fedpers.models import build_model
-from fedpers.training import eval_mode_features, features_in_both_modes, frozen_copy, sgd
+from fedpers.core.models import build_model
+from fedpers.core.training import eval_mode_features, features_in_both_modes, frozen_copy, sgd
 
 OUT = Path(__file__).resolve().parent / "results"
 

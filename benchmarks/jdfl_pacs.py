@@ -82,7 +82,7 @@ class InProcessProxy:
                                        state=RecordDict(), run_config={})
 
             def _client(self):
-                from fedpers.registry import client_class_for
+                from fedpers.registry.methods import client_class_for
 
                 return client_class_for(self.cfg)(self.cfg, self.context)
 
@@ -116,9 +116,9 @@ def run_inprocess(cfg) -> None:
     """One experiment through Flower's Server loop with in-process proxies."""
     from flwr.server import Server, SimpleClientManager
 
-    from fedpers.federation import get_federation
-    from fedpers.registry import strategy_class_for
-    from fedpers.results import ResultsWriter
+    from fedpers.core.federation import get_federation
+    from fedpers.registry.methods import strategy_class_for
+    from fedpers.core.results import ResultsWriter
 
     fed = get_federation(cfg)
     strategy = strategy_class_for(cfg)(cfg, fed, ResultsWriter(cfg.out_dir))
@@ -138,12 +138,12 @@ def run_one(name: str, sets: dict, args, data: Path) -> dict:
     print(f"$ {name}: {overrides}", flush=True)
     started = time.time()
     if args.engine == "ray":
-        cmd = [sys.executable, "-m", "fedpers.cli", "run", args.config, "--out", str(out)]
+        cmd = [sys.executable, "-m", "fedpers", "run", args.config, "--out", str(out)]
         for k, v in overrides.items():
             cmd += ["--set", f"{k}={v}"]
         subprocess.run(cmd, check=True, cwd=ROOT)
     else:
-        from fedpers.config import load_config
+        from fedpers.registry.config import load_config
 
         cfg = load_config(args.config, out_dir=str(out), **overrides)
         import torch

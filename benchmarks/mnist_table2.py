@@ -83,7 +83,7 @@ def run_one(method: str, alpha: float, extra: list[str], args: argparse.Namespac
         return json.loads((out / "summary.json").read_text())
     if args.table_only:
         return {}
-    cmd = [sys.executable, "-m", "fedpers.cli", "run"]
+    cmd = [sys.executable, "-m", "fedpers", "run"]
     ready = ROOT / "configs" / "baselines" / f"{method}.yaml"
     if ready.exists():
         cmd.append(str(ready))

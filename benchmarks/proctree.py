@@ -8,7 +8,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-from fedpers.memory import process_tree, rss_pss  # noqa: F401 - re-exported for the benchmarks
+from fedpers.apps.memory import process_tree, rss_pss  # noqa: F401 - re-exported for the benchmarks
 
 
 def status_kb(pid: int, *fields: str) -> list[int]:

@@ -15,10 +15,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from fedpers.cluster import LocalRayCluster
-from fedpers.config import build_config
-from fedpers.results import read_metrics
-from fedpers.simulation import run_simulation
+from fedpers.core.cluster import LocalRayCluster
+from fedpers.registry.config import build_config
+from fedpers.core.results import read_metrics
+from fedpers.apps.simulation import run_simulation
 
 HERE = Path(__file__).resolve().parent
 

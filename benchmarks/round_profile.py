@@ -30,11 +30,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedpers.config import build_config
-from fedpers.federation import get_federation
-from fedpers.registry import client_class_for, strategy_class_for
-from fedpers.results import read_metrics
-from fedpers.simulation import run_simulation
+from fedpers.registry.config import build_config
+from fedpers.core.federation import get_federation
+from fedpers.registry.methods import client_class_for, strategy_class_for
+from fedpers.core.results import read_metrics
+from fedpers.apps.simulation import run_simulation
 
 try:
     from strategies.base import Upload  # issue 18: an upload is its model section plus named others

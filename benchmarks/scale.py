@@ -46,7 +46,7 @@ def measure(method: str, run: str, args: argparse.Namespace) -> dict:
             "fraction_fit": fraction, "rounds": args.rounds, "eval_every": args.rounds, "local_epochs": 1,
             "aux_size": 5000 if method == "pfedkdh" else 0, "min_samples_per_client": 1, "device": "cpu",
             "client_state_spill": spill}
-    cmd = [sys.executable, "-m", "fedpers.cli", "run", "--out", str(out)]
+    cmd = [sys.executable, "-m", "fedpers", "run", "--out", str(out)]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
     print("$", " ".join(cmd), flush=True)

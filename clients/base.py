@@ -26,17 +26,17 @@ from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.client import Client, NumPyClient
 from flwr.common import log
 
-from fedpers import seeds
-from fedpers.cluster import node_identity
-from fedpers.errors import ClientUpdateError, ConfigError
-from fedpers.federation import get_federation
-from fedpers.models import Part, build_model, get_arrays, set_arrays
-from fedpers.schema import Config, parse_id_list
-from fedpers.state_store import ClientStateStore, config_fingerprint, state_dir_of
-from fedpers.training import evaluate, resolve_device, seed_everything, sgd, train_epochs
-from fedpers.results import VALIDATION_PREFIX
-from fedpers.validation import corrupt_update
-from fedpers.wire import (MODEL_SECTION, WHOLE_MODEL, Contract, ContractSide, SectionError, carried_metrics,
+from fedpers.core import seeds
+from fedpers.core.cluster import node_identity
+from fedpers.core.errors import ClientUpdateError, ConfigError
+from fedpers.core.federation import get_federation
+from fedpers.core.models import Part, build_model, get_arrays, set_arrays
+from fedpers.core.schema import Config, parse_id_list
+from fedpers.core.state_store import ClientStateStore, config_fingerprint, state_dir_of
+from fedpers.core.training import evaluate, resolve_device, seed_everything, sgd, train_epochs
+from fedpers.core.results import VALIDATION_PREFIX
+from fedpers.core.validation import corrupt_update
+from fedpers.core.wire import (MODEL_SECTION, WHOLE_MODEL, Contract, ContractSide, SectionError, carried_metrics,
                           evaluate_round_of, join_sections, round_config, section_counts_of, server_round_of,
                           split_sections)
 
@@ -73,11 +73,11 @@ class FedPersClient(ContractSide, NumPyClient):
     """Base client: see module docstring."""
 
     # what the server broadcasts and this client uploads (model parts, named sections; read as
-    # download_part, upload_part, ...): the method strategy's fedpers.wire.Contract (a test checks it)
+    # download_part, upload_part, ...): the method strategy's fedpers.core.wire.Contract (a test checks it)
     contract: Contract = WHOLE_MODEL
     persistent_part: Part | None = None
     # whole-model copies of other state a client keeps between rounds (EMA teacher, personal model,
-    # control variates), besides persistent_part: what fedpers.memory.estimate counts per client
+    # control variates), besides persistent_part: what fedpers.apps.memory.estimate counts per client
     state_model_copies: float = 0.0
     model_kind: str = "cnn"  # as the method's strategy declares it (tests/test_layers.py checks they agree)
 
@@ -306,7 +306,7 @@ class FedPersClient(ContractSide, NumPyClient):
 
 class _MessageClient(NumPyClient):
     """The NumPyClient of one Flower message: the method's client, and for a fit message that carries the
-    previous round's evaluation (``fedpers.wire.EVALUATE_ROUND``) that evaluation first.
+    previous round's evaluation (``fedpers.core.wire.EVALUATE_ROUND``) that evaluation first.
 
     The carried evaluation and the training each get a client instance of their own, built the same way,
     sharing only ``context.state``: exactly what an evaluate message followed by a fit message does, so

@@ -25,9 +25,9 @@ from torch import nn
 
 from clients.base import FedPersClient, arrays_digest
 from fedpers.algorithms.ditto import personal_objective
-from fedpers.models import get_arrays, set_arrays
-from fedpers.training import evaluate, sgd, train_epochs
-from fedpers.wire import WHOLE_MODEL
+from fedpers.core.models import get_arrays, set_arrays
+from fedpers.core.training import evaluate, sgd, train_epochs
+from fedpers.core.wire import WHOLE_MODEL
 
 PERSONAL_STATE = "ditto_personal"
 

@@ -28,10 +28,10 @@ import torch
 
 from clients.base import FedPersClient, arrays_digest
 from fedpers.algorithms.fedala import ala_combine, learn_ala_weights, top_parameter_names
-from fedpers.errors import ClientUpdateError
-from fedpers.models import get_arrays, parameter_names, set_arrays
-from fedpers.training import evaluate
-from fedpers.wire import WHOLE_MODEL
+from fedpers.core.errors import ClientUpdateError
+from fedpers.core.models import get_arrays, parameter_names, set_arrays
+from fedpers.core.training import evaluate
+from fedpers.core.wire import WHOLE_MODEL
 
 LOCAL_STATE = "fedala_local"
 WEIGHTS_STATE = "fedala_weights"

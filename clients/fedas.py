@@ -34,13 +34,13 @@ import numpy as np
 import torch
 
 from clients.base import FedPersClient
-from fedpers import seeds
+from fedpers.core import seeds
 from fedpers.algorithms import fedas
 from fedpers.algorithms.fedas import align_backbone, fisher_trace
-from fedpers.federation import get_federation
-from fedpers.models import get_arrays, parameter_names, set_arrays
-from fedpers.training import seed_everything
-from fedpers.wire import MODEL_SECTION, server_round_of
+from fedpers.core.federation import get_federation
+from fedpers.core.models import get_arrays, parameter_names, set_arrays
+from fedpers.core.training import seed_everything
+from fedpers.core.wire import MODEL_SECTION, server_round_of
 
 
 class FedASClient(FedPersClient):

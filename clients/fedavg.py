@@ -1,7 +1,7 @@
 """FedAvg client: local cross-entropy SGD on the whole model."""
 
 from clients.base import FedPersClient
-from fedpers.wire import WHOLE_MODEL
+from fedpers.core.wire import WHOLE_MODEL
 
 
 class FedAvgClient(FedPersClient):

@@ -18,9 +18,9 @@ import torch
 
 from clients.base import FedPersClient
 from fedpers.algorithms.fedbabu import fine_tune_copies, parse_epoch_list
-from fedpers.models import backbone_parameters, head_parameters
-from fedpers.training import evaluate, sgd, train_epochs
-from fedpers.wire import BACKBONE_ONLY
+from fedpers.core.models import backbone_parameters, head_parameters
+from fedpers.core.training import evaluate, sgd, train_epochs
+from fedpers.core.wire import BACKBONE_ONLY
 
 
 class FedBABUClient(FedPersClient):

@@ -15,8 +15,8 @@ import torch
 
 from clients.server_state import ServerStateClient, params_in_state_order
 from fedpers.algorithms import feddc
-from fedpers.errors import ClientUpdateError
-from fedpers.models import get_arrays
+from fedpers.core.errors import ClientUpdateError
+from fedpers.core.models import get_arrays
 from fedpers.algorithms.feddc import (feddc_client_gradient_state, feddc_corrected_model, feddc_correction,
                                       feddc_penalty, feddc_update_drift)
 from fedpers.algorithms.server_state import linear_term, local_steps, zeros_like

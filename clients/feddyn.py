@@ -14,7 +14,7 @@ import torch
 from clients.server_state import ServerStateClient, params_in_state_order
 from fedpers.algorithms.feddyn import feddyn_client_state, feddyn_regularizer
 from fedpers.algorithms.server_state import zeros_like
-from fedpers.models import get_arrays
+from fedpers.core.models import get_arrays
 
 
 class FedDynClient(ServerStateClient):

@@ -30,9 +30,9 @@ from torch import nn
 
 from clients.base import FedPersClient
 from fedpers.algorithms.fedeagd import ema_update, fedeagd_coefficients, fusion_coefficient, historical_distillation
-from fedpers.models import set_arrays
-from fedpers.training import features_in_both_modes, frozen_copy
-from fedpers.wire import BACKBONE_ONLY, server_round_of
+from fedpers.core.models import set_arrays
+from fedpers.core.training import features_in_both_modes, frozen_copy
+from fedpers.core.wire import BACKBONE_ONLY, server_round_of
 
 TEACHER_STATE = "ema_teacher"
 

@@ -32,16 +32,16 @@ import torch
 import torch.nn.functional as F
 
 from clients.base import FedPersClient
-from fedpers import seeds
+from fedpers.core import seeds
 from fedpers.algorithms import fedfed
 from fedpers.algorithms.fedfed import (FeatureDistiller, fedfed_distill_loss, sensitive_features,
                                        distill_rounds, empty_shared)
-from fedpers.errors import ClientUpdateError
-from fedpers.federation import get_federation
-from fedpers.models import get_arrays
-from fedpers.seeds import derived_seed
-from fedpers.training import minibatches, sgd, train_epochs
-from fedpers.wire import MODEL_SECTION, server_round_of
+from fedpers.core.errors import ClientUpdateError
+from fedpers.core.federation import get_federation
+from fedpers.core.models import get_arrays
+from fedpers.core.seeds import derived_seed
+from fedpers.core.training import minibatches, sgd, train_epochs
+from fedpers.core.wire import MODEL_SECTION, server_round_of
 
 DISTILLER_STATE = "fedfed_distiller"
 SHARED_FLAG = "fedfed_shared"

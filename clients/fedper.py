@@ -2,7 +2,7 @@
 uploads only the backbone."""
 
 from clients.base import FedPersClient
-from fedpers.wire import BACKBONE_ONLY
+from fedpers.core.wire import BACKBONE_ONLY
 
 
 class FedPerClient(FedPersClient):

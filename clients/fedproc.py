@@ -22,9 +22,9 @@ from clients.server_state import ServerStateClient
 from fedpers.algorithms import fedproc
 from fedpers.algorithms.fedproc import fedproc_weight, prototype_contrastive_loss
 from fedpers.algorithms.prototypes import class_prototypes
-from fedpers.errors import ClientUpdateError
-from fedpers.federation import get_federation
-from fedpers.training import backbone_features
+from fedpers.core.errors import ClientUpdateError
+from fedpers.core.federation import get_federation
+from fedpers.core.training import backbone_features
 
 
 class FedProcClient(ServerStateClient):

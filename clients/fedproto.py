@@ -25,10 +25,10 @@ from clients.base import FedPersClient
 from fedpers.algorithms import fedproto
 from fedpers.algorithms.fedproto import fedproto_loss, nearest_prototype
 from fedpers.algorithms.prototypes import class_prototypes
-from fedpers.errors import ClientUpdateError
-from fedpers.federation import get_federation
-from fedpers.models import set_arrays
-from fedpers.training import accuracy_and_loss, backbone_features, predict_logits
+from fedpers.core.errors import ClientUpdateError
+from fedpers.core.federation import get_federation
+from fedpers.core.models import set_arrays
+from fedpers.core.training import accuracy_and_loss, backbone_features, predict_logits
 
 INFER_MODES = ("global", "local", "head")
 

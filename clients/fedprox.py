@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from clients.fedavg import FedAvgClient
-from fedpers.losses import proximal_term
+from fedpers.core.losses import proximal_term
 
 
 class FedProxClient(FedAvgClient):

@@ -18,9 +18,9 @@ from __future__ import annotations
 import torch
 
 from clients.base import FedPersClient
-from fedpers.models import backbone_parameters, head_parameters
-from fedpers.training import backbone_features, sgd, train_epochs, train_head_on_features
-from fedpers.wire import BACKBONE_ONLY
+from fedpers.core.models import backbone_parameters, head_parameters
+from fedpers.core.training import backbone_features, sgd, train_epochs, train_head_on_features
+from fedpers.core.wire import BACKBONE_ONLY
 
 
 class FedRepClient(FedPersClient):

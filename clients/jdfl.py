@@ -21,15 +21,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedpers import seeds
+from fedpers.core import seeds
 from fedpers.algorithms.jdfl import (DISCOVERY_BROADCAST, DISCOVERY_UPLOAD, class_only_predictions, random_targets,
                                      soft_target_loss, targets_from_domain_row)
-from fedpers.errors import ClientUpdateError
-from fedpers.federation import get_federation
-from fedpers.models import expand_head, get_arrays, layer_subset_names, parameter_names, set_arrays
-from fedpers.seeds import derived_seed
-from fedpers.training import predict_logits, seed_everything, sgd, train_epochs
-from fedpers.wire import (JDFL_ROW, MODEL_SECTION, SectionError, float_row_of, join_sections, server_round_of,
+from fedpers.core.errors import ClientUpdateError
+from fedpers.core.federation import get_federation
+from fedpers.core.models import expand_head, get_arrays, layer_subset_names, parameter_names, set_arrays
+from fedpers.core.seeds import derived_seed
+from fedpers.core.training import predict_logits, seed_everything, sgd, train_epochs
+from fedpers.core.wire import (JDFL_ROW, MODEL_SECTION, SectionError, float_row_of, join_sections, server_round_of,
                           split_sections)
 
 

@@ -13,8 +13,8 @@ import torch
 
 from clients.fedavg import FedAvgClient
 from fedpers.algorithms.moon import moon_contrastive_loss
-from fedpers.models import get_arrays, set_arrays
-from fedpers.training import frozen_copy
+from fedpers.core.models import get_arrays, set_arrays
+from fedpers.core.training import frozen_copy
 
 
 class MoonClient(FedAvgClient):

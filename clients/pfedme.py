@@ -28,9 +28,9 @@ import torch
 
 from clients.base import FedPersClient, arrays_digest
 from fedpers.algorithms.pfedme import pfedme_inner_solve, pfedme_local_update
-from fedpers.models import get_arrays, set_arrays
-from fedpers.training import evaluate, minibatches
-from fedpers.wire import WHOLE_MODEL
+from fedpers.core.models import get_arrays, set_arrays
+from fedpers.core.training import evaluate, minibatches
+from fedpers.core.wire import WHOLE_MODEL
 
 PERSONAL_STATE = "pfedme_theta"
 

@@ -20,9 +20,9 @@ import numpy as np
 
 from clients.base import FedPersClient, arrays_digest
 from fedpers.algorithms.pfedsim import warmup_rounds
-from fedpers.models import get_arrays, parameter_names, set_arrays
-from fedpers.training import evaluate
-from fedpers.wire import WHOLE_MODEL, server_round_of
+from fedpers.core.models import get_arrays, parameter_names, set_arrays
+from fedpers.core.training import evaluate
+from fedpers.core.wire import WHOLE_MODEL, server_round_of
 
 LOCAL_STATE = "pfedsim_local"
 

@@ -19,8 +19,8 @@ from clients.server_state import ServerStateClient, params_in_state_order
 from fedpers.algorithms import scaffold
 from fedpers.algorithms.scaffold import scaffold_client_control, scaffold_correction
 from fedpers.algorithms.server_state import linear_term, local_steps, zeros_like
-from fedpers.errors import ClientUpdateError
-from fedpers.models import get_arrays
+from fedpers.core.errors import ClientUpdateError
+from fedpers.core.models import get_arrays
 
 
 class ScaffoldClient(ServerStateClient):

@@ -1,6 +1,6 @@
 """The shared shape of the clients whose broadcast carries named sections next to the model (the server
 state: SCAFFOLD's c, FedDC's g, FedProc's prototypes) and whose upload adds sections of their own
-(:meth:`ServerStateClient.extra_upload`), each by name (fedpers.wire).
+(:meth:`ServerStateClient.extra_upload`), each by name (fedpers.core.wire).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import numpy as np
 import torch
 
 from clients.fedavg import FedAvgClient
-from fedpers.errors import ClientUpdateError
-from fedpers.models import get_arrays, parameter_names
-from fedpers.wire import MODEL_SECTION, server_round_of
+from fedpers.core.errors import ClientUpdateError
+from fedpers.core.models import get_arrays, parameter_names
+from fedpers.core.wire import MODEL_SECTION, server_round_of
 
 
 def params_in_state_order(model: torch.nn.Module) -> list[torch.nn.Parameter]:

@@ -9,7 +9,7 @@
 * counts the bytes of the arrays actually sent each way, and writes ``metrics.jsonl``/``summary.json``.
 
 With ``evaluate_with_next_fit`` a client sampled again in round t + 1 gets round t's evaluation in that
-fit message (``fedpers.wire.EVALUATE_ROUND``) instead of an evaluate message: round t then ends *pending*
+fit message (``fedpers.core.wire.EVALUATE_ROUND``) instead of an evaluate message: round t then ends *pending*
 (checkpointed with the evaluations it has), and its record is written once round t + 1's fit replies
 bring the rest (:meth:`FedPersStrategy.aggregate_fit`). The last round always evaluates everyone itself.
 
@@ -42,16 +42,16 @@ from flwr.server import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from fedpers.errors import FedpersError
-from fedpers.federation import Federation
-from fedpers.models import Part, array_shapes, build_model, get_arrays, set_arrays
-from fedpers.progress import format_round_line
-from fedpers.results import ACCURACY_PREFIXES, VALIDATION_PREFIX, ResultsWriter, accuracy_summary
-from fedpers.schema import Config
-from fedpers.seeds import EVALUATION_SAMPLE, derived_seed
-from fedpers.training import accuracy_and_loss, predict_logits, resolve_device
-from fedpers.validation import aggregate_updates, update_problem
-from fedpers.wire import (MODEL_SECTION, WHOLE_MODEL, Contract, ContractSide, SectionError, carried_evaluation_of,
+from fedpers.core.errors import FedpersError
+from fedpers.core.federation import Federation
+from fedpers.core.models import Part, array_shapes, build_model, get_arrays, set_arrays
+from fedpers.core.progress import format_round_line
+from fedpers.core.results import ACCURACY_PREFIXES, VALIDATION_PREFIX, ResultsWriter, accuracy_summary
+from fedpers.core.schema import Config
+from fedpers.core.seeds import EVALUATION_SAMPLE, derived_seed
+from fedpers.core.training import accuracy_and_loss, predict_logits, resolve_device
+from fedpers.core.validation import aggregate_updates, update_problem
+from fedpers.core.wire import (MODEL_SECTION, WHOLE_MODEL, Contract, ContractSide, SectionError, carried_evaluation_of,
                           join_sections, round_config, split_sections, with_evaluation)
 
 
@@ -101,7 +101,7 @@ class FedPersStrategy(ContractSide, Strategy):
     """Base strategy: see module docstring."""
 
     # what the server broadcasts and each client uploads (model parts, named sections; read as
-    # download_part, upload_part, ...): one fedpers.wire.Contract, named by the method's strategy and client
+    # download_part, upload_part, ...): one fedpers.core.wire.Contract, named by the method's strategy and client
     contract: Contract = WHOLE_MODEL
     has_global_model: bool = True
     # True where every client's personalized model *is* the global model (FedAvg and the global optimizers
@@ -110,7 +110,7 @@ class FedPersStrategy(ContractSide, Strategy):
     # on its own slice of it (no evaluate messages are sent).
     personalized_is_global: bool = False
     metric: str = "personalized_macro_acc"  # the headline metric of summary.json (FedAvg's family: global_acc)
-    model_kind: str = "cnn"  # fedpers.models.build_model kind, unless cfg.model_kind says otherwise
+    model_kind: str = "cnn"  # fedpers.core.models.build_model kind, unless cfg.model_kind says otherwise
     # False where a fit message's broadcast is not the evaluate message's (per-client fit broadcasts:
     # pFedSim, FedFed): those clients cannot run round t's evaluation on round t + 1's fit broadcast
     fit_carries_evaluation: bool = True
@@ -185,7 +185,7 @@ class FedPersStrategy(ContractSide, Strategy):
             self.download_arrays()
         return round_config(server_round, **self._broadcast_counts, **extra)
 
-    # --- checkpoint / resume (fedpers/checkpoint.py) ------------------------------------------------
+    # --- checkpoint / resume (fedpers/core/checkpoint.py) ------------------------------------------------
     def extra_state(self) -> dict[str, Any]:
         """Method-specific server state to checkpoint: name -> ndarray or JSON value (default: none)."""
         return {}
@@ -230,7 +230,7 @@ class FedPersStrategy(ContractSide, Strategy):
 
     def save_checkpoint(self) -> None:
         """Write :meth:`state_dict` to ``checkpoint_dir`` atomically (called after every round)."""
-        from fedpers.checkpoint import save_checkpoint
+        from fedpers.core.checkpoint import save_checkpoint
 
         save_checkpoint(self.cfg.checkpoint_dir, self.state_dict(), self.cfg)
 

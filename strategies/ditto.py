@@ -7,7 +7,7 @@ models v_k (Ditto objective, Eq. 2: ``min_v F_k(v) + lambda/2 ||v - w^t||^2``) n
 the personalized macro accuracy of the v_k.
 """
 
-from fedpers.wire import WHOLE_MODEL
+from fedpers.core.wire import WHOLE_MODEL
 from strategies.base import FedPersStrategy
 
 

@@ -9,8 +9,8 @@ centrally (``global_acc``); the headline is the personalized macro accuracy of t
 
 from __future__ import annotations
 
-from fedpers.errors import ConfigError
-from fedpers.wire import WHOLE_MODEL
+from fedpers.core.errors import ConfigError
+from fedpers.core.wire import WHOLE_MODEL
 from strategies.base import FedPersStrategy
 
 

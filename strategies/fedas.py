@@ -18,7 +18,7 @@ import numpy as np
 
 from fedpers.algorithms import fedas
 from fedpers.algorithms.fedas import fisher_weights
-from fedpers.validation import aggregate_updates, weighted_average
+from fedpers.core.validation import aggregate_updates, weighted_average
 from strategies.base import FedPersStrategy, Updates
 
 

@@ -1,7 +1,7 @@
 """FedAvg (McMahan et al., AISTATS 2017): the whole model is broadcast, trained and averaged
 (sample-weighted, Alg. 1 of the paper); evaluated as a global model."""
 
-from fedpers.wire import WHOLE_MODEL
+from fedpers.core.wire import WHOLE_MODEL
 from strategies.base import FedPersStrategy
 
 

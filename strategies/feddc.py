@@ -14,7 +14,7 @@ import numpy as np
 from fedpers.algorithms import feddc
 from fedpers.algorithms.feddc import feddc_server_state
 from fedpers.algorithms.server_state import zeros_like
-from fedpers.models import array_shapes, get_arrays, set_arrays
+from fedpers.core.models import array_shapes, get_arrays, set_arrays
 from strategies.base import Updates
 from strategies.server_state import ServerStateStrategy
 

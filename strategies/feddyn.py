@@ -13,7 +13,7 @@ import numpy as np
 
 from fedpers.algorithms.feddyn import feddyn_server_update
 from fedpers.algorithms.server_state import zeros_like
-from fedpers.models import get_arrays, set_arrays
+from fedpers.core.models import get_arrays, set_arrays
 from strategies.base import Updates
 from strategies.server_state import ServerStateStrategy
 

@@ -20,8 +20,8 @@ from flwr.common import FitIns, FitRes, Parameters, Scalar
 from flwr.server import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
-from fedpers.models import parameter_count
-from fedpers.wire import BACKBONE_ONLY
+from fedpers.core.models import parameter_count
+from fedpers.core.wire import BACKBONE_ONLY
 from strategies.base import FedPersStrategy, parameters_nbytes
 
 FP32_BYTES = 4

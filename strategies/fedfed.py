@@ -26,11 +26,11 @@ from typing import Any
 import numpy as np
 from flwr.common import log
 
-from fedpers import seeds
+from fedpers.core import seeds
 from fedpers.algorithms import fedfed
 from fedpers.algorithms.fedfed import distill_rounds, empty_shared
-from fedpers.models import get_arrays
-from fedpers.wire import MODEL_SECTION
+from fedpers.core.models import get_arrays
+from fedpers.core.wire import MODEL_SECTION
 from strategies.base import FedPersStrategy, Updates
 
 

@@ -2,7 +2,7 @@
 personalization layers (the head) stay on each client. There is no global head, hence no global
 accuracy; the method is judged by personalized macro accuracy."""
 
-from fedpers.wire import BACKBONE_ONLY
+from fedpers.core.wire import BACKBONE_ONLY
 from strategies.base import FedPersStrategy
 
 

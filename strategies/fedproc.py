@@ -13,7 +13,7 @@ import numpy as np
 
 from fedpers.algorithms import fedproc
 from fedpers.algorithms.fedproc import fedproc_global_prototypes
-from fedpers.models import set_arrays
+from fedpers.core.models import set_arrays
 from strategies.base import Updates
 from strategies.server_state import ServerStateStrategy
 

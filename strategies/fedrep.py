@@ -6,7 +6,7 @@ Only the shared representation (the body = ``backbone``) is broadcast, uploaded 
 personalized macro accuracy (the global body with each client's own head).
 """
 
-from fedpers.wire import BACKBONE_ONLY
+from fedpers.core.wire import BACKBONE_ONLY
 from strategies.base import FedPersStrategy
 
 

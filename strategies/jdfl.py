@@ -31,16 +31,16 @@ import torch
 from flwr.common import FitIns, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.common import log
 
-from fedpers.errors import FedpersError
+from fedpers.core.errors import FedpersError
 from fedpers.algorithms.jdfl import (DISCOVERY_BROADCAST, DISCOVERY_UPLOAD, adjusted_rand_index,
                                      centroid_similarity_weights, class_only_predictions, default_alpha,
                                      discover_domains, graded_domain_row, hard_domain_row, marginal_class_log_probs,
                                      per_domain_accuracy)
-from fedpers import seeds
-from fedpers.models import expand_head, get_arrays, layer_subset_names
-from fedpers.training import predict_logits
-from fedpers.validation import update_problem
-from fedpers.wire import JDFL_ROW, MODEL_SECTION, float_row, join_sections, round_config, split_sections
+from fedpers.core import seeds
+from fedpers.core.models import expand_head, get_arrays, layer_subset_names
+from fedpers.core.training import predict_logits
+from fedpers.core.validation import update_problem
+from fedpers.core.wire import JDFL_ROW, MODEL_SECTION, float_row, join_sections, round_config, split_sections
 from strategies.base import parameters_nbytes
 
 

@@ -16,9 +16,9 @@ import numpy as np
 import torch.nn.functional as F
 
 from fedpers.algorithms import pfedkdh
-from fedpers import seeds
-from fedpers.errors import FedpersError
-from fedpers.training import recalibrate_head, seed_everything, sgd, train_epochs
+from fedpers.core import seeds
+from fedpers.core.errors import FedpersError
+from fedpers.core.training import recalibrate_head, seed_everything, sgd, train_epochs
 from strategies.base import FedPersStrategy
 
 

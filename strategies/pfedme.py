@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from fedpers.algorithms.pfedme import beta_mix
-from fedpers.models import get_arrays, set_arrays
-from fedpers.wire import WHOLE_MODEL
+from fedpers.core.models import get_arrays, set_arrays
+from fedpers.core.wire import WHOLE_MODEL
 from strategies.base import FedPersStrategy
 
 

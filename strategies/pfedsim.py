@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 
 from fedpers.algorithms.pfedsim import classifier_similarity, pfedsim_weights, warmup_rounds
-from fedpers.models import get_arrays, parameter_names, set_arrays
-from fedpers.validation import weighted_average
-from fedpers.wire import MODEL_SECTION, WHOLE_MODEL
+from fedpers.core.models import get_arrays, parameter_names, set_arrays
+from fedpers.core.validation import weighted_average
+from fedpers.core.wire import MODEL_SECTION, WHOLE_MODEL
 from strategies.base import FedPersStrategy, Updates
 
 

@@ -18,7 +18,7 @@ import numpy as np
 from fedpers.algorithms import scaffold
 from fedpers.algorithms.scaffold import scaffold_server_update
 from fedpers.algorithms.server_state import zeros_like
-from fedpers.models import array_shapes, get_arrays, set_arrays
+from fedpers.core.models import array_shapes, get_arrays, set_arrays
 from strategies.base import Updates
 from strategies.server_state import ServerStateStrategy
 

@@ -1,6 +1,6 @@
 """The shared shape of the strategies whose broadcast and uploads carry named sections next to the model
 (SCAFFOLD, FedDyn, FedDC, FedProc; JDFL wraps them): whole-model FedAvg whose broadcast is the model plus
-the server state, and whose uploads are the model plus client sections, each by name (fedpers.wire).
+the server state, and whose uploads are the model plus client sections, each by name (fedpers.core.wire).
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from fedpers.models import array_shapes, get_arrays
-from fedpers.validation import aggregate_updates
-from fedpers.wire import MODEL_SECTION
+from fedpers.core.models import array_shapes, get_arrays
+from fedpers.core.validation import aggregate_updates
+from fedpers.core.wire import MODEL_SECTION
 from strategies.base import Updates
 from strategies.fedavg import FedAvgStrategy
 

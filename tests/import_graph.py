@@ -3,12 +3,15 @@ imported): every ``import``/``from ... import`` at any depth, and every ``"modul
 registry's class paths), is an edge. ``python -m tests.import_graph`` prints the cycles and the layer
 violations; ``tests/test_layers.py`` requires both lists to be empty.
 
-Layers, each importing only itself and the ones below it:
-  apps      fedpers.{cli, app, client_app, prompt_grid, simulation, inprocess, deploy, sweep, report,
-            run_config_table}
-  registry  fedpers.registry, fedpers.config (the validated config of a registered method)
-  methods   strategies.*, clients.* (and never each other)
-  core      everything else in fedpers (schema, data, partitions, models, math, training, results)
+Layers, each importing only itself and the ones below it; a module's layer is its folder:
+  apps      fedpers/apps/      the CLI, Flower's ServerApp and ClientApp, the simulation and in-process engines,
+                               deployment, sweeps, reports (and ``python -m fedpers``, the deprecated shims)
+  registry  fedpers/registry/  the methods (methods.py) and the validated config of a method (config.py)
+  methods   strategies/, clients/ (and never each other)
+  math      fedpers/algorithms/ each method's equations and config keys
+  core      fedpers/core/      schema, data, partitions, models, training, results
+A module of ``fedpers/`` outside these folders is an error (``stray_modules``), except the package itself,
+``__main__`` and the deprecated shims (``SHIMS``), each of which may import only what it re-exports.
 """
 
 from __future__ import annotations
@@ -20,10 +23,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("fedpers", "strategies", "clients")
-APPS = {"fedpers.cli", "fedpers.app", "fedpers.simulation", "fedpers.inprocess", "fedpers.deploy", "fedpers.sweep",
-        "fedpers.report", "fedpers.claims", "fedpers.run_config_table", "fedpers.client_app", "fedpers.prompt_grid"}
-REGISTRY = {"fedpers.registry", "fedpers.config"}
-RANK = {"core": 0, "methods": 1, "registry": 2, "apps": 3}
+FOLDERS = {"fedpers.apps": "apps", "fedpers.registry": "registry", "fedpers.algorithms": "math", "fedpers.core": "core",
+           "strategies": "methods", "clients": "methods"}
+# deprecated import paths a user names in places we cannot rewrite (their pyproject, SuperExec commands,
+# scripts), each -> the one module it re-exports
+SHIMS = {"fedpers.app": "fedpers.apps.server_app", "fedpers.client_app": "fedpers.apps.client_app",
+         "fedpers.cli": "fedpers.apps.cli"}
+OUTSIDE = {"fedpers": "core", "fedpers.__main__": "apps", **{shim: "apps" for shim in SHIMS}}
+RANK = {"core": 0, "math": 1, "methods": 2, "registry": 3, "apps": 4}
 CLASS_PATH = re.compile(r"^((?:fedpers|strategies|clients)(?:\.\w+)+):\w+$")
 
 
@@ -38,14 +45,19 @@ def modules() -> dict[str, Path]:
 
 
 def layer_of(module: str) -> str:
-    """The layer a module belongs to (see the module docstring)."""
-    if module in APPS:
-        return "apps"
-    if module in REGISTRY:
-        return "registry"
-    if module.split(".")[0] in ("strategies", "clients"):
-        return "methods"
-    return "core"
+    """The layer a module belongs to: its folder's (see the module docstring); "stray" for a module of
+    ``fedpers/`` in no layer folder."""
+    if module in OUTSIDE:
+        return OUTSIDE[module]
+    for folder, layer in FOLDERS.items():
+        if module == folder or module.startswith(folder + "."):
+            return layer
+    return "stray"
+
+
+def stray_modules(names) -> list[str]:
+    """Modules in no layer folder (a new module must be put in the folder of its layer)."""
+    return sorted(m for m in names if layer_of(m) == "stray")
 
 
 def imports_of(path: Path, known: set[str]) -> set[str]:
@@ -109,10 +121,19 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 
 def violations(edges: dict[str, set[str]]) -> list[str]:
-    """Edges that go up a layer, or between ``strategies`` and ``clients``."""
-    bad = []
+    """Edges that go up a layer, or between ``strategies`` and ``clients``, modules in no layer folder, and
+    shims that import more than the module they re-export."""
+    bad = [f"{m} is in no layer folder ({', '.join(sorted(set(f.replace('.', '/') + '/' for f in FOLDERS)))})"
+           for m in stray_modules(edges)]
+    for shim, target in SHIMS.items():
+        if shim in edges and edges[shim] != {target}:
+            bad.append(f"{shim} (deprecated shim) imports {sorted(edges[shim])}, not only {target}")
     for source, targets in sorted(edges.items()):
+        if source in SHIMS:
+            continue
         for target in sorted(targets):
+            if "stray" in (layer_of(source), layer_of(target)):
+                continue
             src, dst = layer_of(source), layer_of(target)
             if RANK[dst] > RANK[src]:
                 bad.append(f"{source} ({src}) imports {target} ({dst})")

@@ -19,7 +19,7 @@ JDFL_RUNS = (("fedavg", "graded"), ("scaffold", "graded"))
 
 def run_names() -> list[str]:
     """Every registered method, then JDFL over a few of its base optimizers (``jdfl-<mode>-<base>``)."""
-    from fedpers.registry import METHODS
+    from fedpers.registry.methods import METHODS
 
     return sorted(METHODS) + [f"jdfl-{mode}-{base}" for base, mode in JDFL_RUNS]
 
@@ -40,9 +40,9 @@ def overrides_of(name: str, out_dir: Path, **keys) -> dict:
 
 def run(name: str, out_dir: Path, **keys) -> list[dict]:
     """Run ``name`` (config keys ``keys`` on top) in process and return its rounds without the volatile fields."""
-    from fedpers.config import build_config
-    from fedpers.inprocess import run_in_process
-    from fedpers.results import read_metrics
+    from fedpers.registry.config import build_config
+    from fedpers.apps.inprocess import run_in_process
+    from fedpers.core.results import read_metrics
 
     run_in_process(build_config(overrides_of(name, out_dir, **keys)))
     return [{k: v for k, v in r.items() if k not in VOLATILE_KEYS and not k.endswith(VOLATILE_SUFFIX)} for r in read_metrics(out_dir)]

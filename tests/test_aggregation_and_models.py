@@ -7,10 +7,10 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedpers.errors import ClientUpdateError
-from fedpers.models import array_shapes, build_model, get_arrays, parameter_names, set_arrays
-from fedpers.training import backbone_features, recalibrate_head, seed_everything
-from fedpers.validation import update_problem, weighted_average
+from fedpers.core.errors import ClientUpdateError
+from fedpers.core.models import array_shapes, build_model, get_arrays, parameter_names, set_arrays
+from fedpers.core.training import backbone_features, recalibrate_head, seed_everything
+from fedpers.core.validation import update_problem, weighted_average
 
 
 def test_weighted_average_known_values():

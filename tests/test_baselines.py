@@ -17,12 +17,12 @@ from fedpers.algorithms.ditto import personal_objective
 from fedpers.algorithms.fedala import ala_combine, ala_weight_update, learn_ala_weights, top_parameter_names
 from fedpers.algorithms.fedbabu import fine_tune_copy
 from fedpers.algorithms.pfedme import beta_mix, pfedme_inner_solve, pfedme_local_update
-from fedpers.config import all_keys, build_config, load_config
-from fedpers.errors import ConfigError
-from fedpers.federation import get_federation
-from fedpers.losses import squared_distance
-from fedpers.models import get_arrays, parameter_names
-from fedpers.registry import METHODS
+from fedpers.registry.config import all_keys, build_config, load_config
+from fedpers.core.errors import ConfigError
+from fedpers.core.federation import get_federation
+from fedpers.core.losses import squared_distance
+from fedpers.core.models import get_arrays, parameter_names
+from fedpers.registry.methods import METHODS
 from strategies.base import FedPersStrategy
 from tests.conftest import ROOT, TinyNet, arrays_equal, make_context, tiny_overrides, toy_data
 

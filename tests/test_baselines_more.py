@@ -19,12 +19,12 @@ from fedpers.algorithms.fedfed import FeatureDistiller, fedfed_distill_loss, sen
 from fedpers.algorithms.fedproto import fedproto_loss, nearest_prototype
 from fedpers.algorithms.pfedsim import classifier_similarity, pfedsim_weights, warmup_rounds
 from fedpers.algorithms.prototypes import aggregate_prototypes, class_prototypes
-from fedpers.config import all_keys, build_config
-from fedpers.errors import ConfigError
-from fedpers.federation import get_federation
-from fedpers.models import array_shapes, get_arrays, parameter_names
-from fedpers.registry import METHODS
-from fedpers.wire import join_sections
+from fedpers.registry.config import all_keys, build_config
+from fedpers.core.errors import ConfigError
+from fedpers.core.federation import get_federation
+from fedpers.core.models import array_shapes, get_arrays, parameter_names
+from fedpers.registry.methods import METHODS
+from fedpers.core.wire import join_sections
 from strategies.base import FedPersStrategy, Upload, parameters_nbytes
 from tests.conftest import TinyNet, arrays_equal, make_context, tiny_overrides, toy_data
 

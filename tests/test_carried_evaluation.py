@@ -12,13 +12,13 @@ import pytest
 from flwr.app import Context, RecordDict
 from flwr.common import EvaluateIns, FitIns, ndarrays_to_parameters, parameters_to_ndarrays
 
-from fedpers.checkpoint import load_checkpoint
-from fedpers.config import build_config
-from fedpers.federation import get_federation
-from fedpers.inprocess import run_in_process
-from fedpers.registry import client_for_message, strategy_class_for
-from fedpers.results import read_metrics
-from fedpers.wire import (carried_evaluation_of, carried_metrics, evaluate_round_of, round_config,
+from fedpers.core.checkpoint import load_checkpoint
+from fedpers.registry.config import build_config
+from fedpers.core.federation import get_federation
+from fedpers.apps.inprocess import run_in_process
+from fedpers.registry.methods import client_for_message, strategy_class_for
+from fedpers.core.results import read_metrics
+from fedpers.core.wire import (carried_evaluation_of, carried_metrics, evaluate_round_of, round_config,
                           server_round_of, with_evaluation)
 from tests.conftest import tiny_overrides
 from tests.regression_runs import VOLATILE_KEYS, VOLATILE_SUFFIX

@@ -1,4 +1,4 @@
-"""Claims as data (fedpers/claims.py): each claim form on hand-made runs whose answers are known."""
+"""Claims as data (fedpers/apps/claims.py): each claim form on hand-made runs whose answers are known."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedpers.claims import compare, interval, parse_claims
-from fedpers.errors import ConfigError
-from fedpers.report import write_study_claims
-from fedpers.sweep import MethodEntry, PlannedRun, Sweep, load_sweep
+from fedpers.apps.claims import compare, interval, parse_claims
+from fedpers.core.errors import ConfigError
+from fedpers.apps.report import write_study_claims
+from fedpers.apps.sweep import MethodEntry, PlannedRun, Sweep, load_sweep
 
 SPLIT = {"aux_size": 0, "client_label_counts": {"0": {"train": [1]}}, "client_train_sizes": [5, 5, 5, 5]}
 

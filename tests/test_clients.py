@@ -6,9 +6,9 @@ from flwr.app import Context, RecordDict
 
 from clients.fedper import FedPerClient
 from clients.pfedkdh import PFedKDHClient
-from fedpers.config import build_config
-from fedpers.federation import get_federation
-from fedpers.models import build_model, get_arrays, parameter_names
+from fedpers.registry.config import build_config
+from fedpers.core.federation import get_federation
+from fedpers.core.models import build_model, get_arrays, parameter_names
 from strategies.pfedkdh import PFedKDHStrategy
 from tests.conftest import make_context, tiny_overrides
 
@@ -91,7 +91,7 @@ def test_fedper_uploads_backbone_only_and_keeps_head():
 def test_client_rejects_malformed_broadcast(cfg):
     _, params = server_broadcast(cfg)
     client = PFedKDHClient(cfg, make_context(0, cfg.num_clients))
-    from fedpers.errors import ClientUpdateError
+    from fedpers.core.errors import ClientUpdateError
 
     with pytest.raises(ClientUpdateError, match="client 0: server broadcast"):
         client.fit(params[:-1], {"server_round": 1})
@@ -102,7 +102,7 @@ def test_client_rejects_malformed_broadcast(cfg):
 
 
 def test_missing_partition_id_is_a_clear_error(cfg):
-    from fedpers.errors import ClientUpdateError
+    from fedpers.core.errors import ClientUpdateError
 
     ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
     with pytest.raises(ClientUpdateError, match="partition-id"):
@@ -137,7 +137,7 @@ def test_ea_head_from_visited_samples_equals_head_from_all_features():
 
     import torch
 
-    from fedpers.training import adapt_head_copy, backbone_features, train_head_on_features
+    from fedpers.core.training import adapt_head_copy, backbone_features, train_head_on_features
 
     model = build_model((1, 8, 8), 10, feature_dim=64, seed=0)
     gen = torch.Generator().manual_seed(5)
@@ -156,7 +156,7 @@ def test_ea_heads_at_several_lengths_from_one_run_are_the_heads_of_runs_of_those
     """adapt_head_copies (ea_also): the copy after k steps of a longer run is the k-step run's head."""
     import torch
 
-    from fedpers.training import adapt_head_copies, adapt_head_copy
+    from fedpers.core.training import adapt_head_copies, adapt_head_copy
 
     model = build_model((1, 8, 8), 10, feature_dim=64, seed=0)
     gen = torch.Generator().manual_seed(5)
@@ -213,7 +213,7 @@ def test_fedavg_per_client_accuracy_from_the_global_evaluation_equals_each_clien
 def test_state_store_keeps_the_version_before_a_lost_round(tmp_path):
     """A resumed run starts the lost round again: the store gives the newest version from a round before
     it, and saving that round again replaces the lost version without losing the earlier one."""
-    from fedpers.state_store import ClientStateStore
+    from fedpers.core.state_store import ClientStateStore
 
     store = ClientStateStore(tmp_path, 0, "fp")
     store.save("head", [np.full(2, 1.0)], server_round=1)
@@ -249,7 +249,7 @@ def test_client_rerunning_a_lost_round_starts_from_the_state_before_it(tmp_path,
 
 
 def test_lost_round_state_without_a_state_directory_is_a_clear_error():
-    from fedpers.errors import ClientUpdateError
+    from fedpers.core.errors import ClientUpdateError
 
     cfg = build_config(tiny_overrides(method="pfedkdh"))
     _, params = server_broadcast(cfg)

@@ -374,7 +374,7 @@ def test_template_renders_and_nginx_accepts_it(tmp_path):
     nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").is_file() else None)
     if nginx is None:
         pytest.skip("nginx is not installed (apt-get install nginx): `nginx -t` of the rendered template not run")
-    from fedpers.deploy import make_certs
+    from fedpers.apps.deploy import make_certs
 
     pki = make_certs(tmp_path / "certs", 1, ["superlink", "localhost", "127.0.0.1"])
     conf = _render({

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedpers.config import all_keys, build_config, full_schema, load_config, parse_set_arguments
-from fedpers.data import load_dataset, load_npz
-from fedpers.errors import ConfigError, DataError
+from fedpers.registry.config import all_keys, build_config, full_schema, load_config, parse_set_arguments
+from fedpers.core.data import load_dataset, load_npz
+from fedpers.core.errors import ConfigError, DataError
 from tests.conftest import ROOT
 
 
@@ -23,7 +23,7 @@ def test_pyproject_run_config_is_the_quickstart_over_schema_defaults():
 
 
 def test_pyproject_run_config_table_is_the_generated_one_and_a_hand_edit_is_caught(tmp_path):
-    from fedpers.run_config_table import pyproject_in_sync, write_pyproject
+    from fedpers.apps.run_config_table import pyproject_in_sync, write_pyproject
 
     assert pyproject_in_sync(ROOT / "pyproject.toml")
     edited = tmp_path / "pyproject.toml"
@@ -118,7 +118,7 @@ def test_shared_mnist_loads(shared_data):
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "fedpers.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "fedpers", *args], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)
 
 
@@ -160,7 +160,7 @@ PFEDKDH_PAPER_NAMES = {"variant", "temperature", "lambda_kd", "recal_epochs", "r
 
 
 def test_each_method_declares_its_own_prefixed_keys_and_the_core_none_of_theirs():
-    from fedpers.registry import EXTENSIONS, METHODS
+    from fedpers.registry.methods import EXTENSIONS, METHODS
 
     schema = full_schema()
     owners = [owner for owner, _ in schema.sections]
@@ -179,7 +179,7 @@ def test_each_method_declares_its_own_prefixed_keys_and_the_core_none_of_theirs(
 
 
 def test_a_key_declared_by_two_sections_is_refused_naming_both():
-    from fedpers.schema import CORE_KEYS, Key, Schema
+    from fedpers.core.schema import CORE_KEYS, Key, Schema
 
     with pytest.raises(ValueError, match="'alpha' is declared by both 'core' and 'fedfoo'"):
         Schema((("core", CORE_KEYS), ("fedfoo", (Key("alpha", float, 1.0, "clash"),))))
@@ -187,8 +187,8 @@ def test_a_key_declared_by_two_sections_is_refused_naming_both():
 
 def test_experiment_fingerprints_are_unchanged_by_where_keys_are_declared():
     # Checkpoints and client state on disk are matched by this fingerprint: values recorded before the
-    # methods' keys moved out of fedpers/schema.py into fedpers/algorithms/<method>.py.
-    from fedpers.state_store import config_fingerprint
+    # methods' keys moved out of fedpers/core/schema.py into fedpers/algorithms/<method>.py.
+    from fedpers.core.state_store import config_fingerprint
 
     recorded = {
         (): "44136fa355b3678a",

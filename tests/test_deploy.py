@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
 
-from fedpers.checkpoint import checkpoint_path, load_checkpoint
-from fedpers.config import build_config
-from fedpers.errors import ConfigError, FedpersError
-from fedpers.results import read_metrics
-from fedpers.state_store import ClientStateStore, atomic_save_npz, config_fingerprint, load_npz
+from fedpers.core.checkpoint import checkpoint_path, load_checkpoint
+from fedpers.registry.config import build_config
+from fedpers.core.errors import ConfigError, FedpersError
+from fedpers.core.results import read_metrics
+from fedpers.core.state_store import ClientStateStore, atomic_save_npz, config_fingerprint, load_npz
 from tests.conftest import ROOT, tiny_overrides
 
 BIN = Path(sys.executable).parent
@@ -82,8 +82,8 @@ def _context(pid: int, state_dir: str = "") -> Context:
 def test_client_state_survives_a_supernode_restart(tmp_path):
     from clients.base import STATE_PREFIX, arrays_digest
     from clients.pfedkdh import PFedKDHClient
-    from fedpers.federation import get_federation
-    from fedpers.models import build_model, get_arrays
+    from fedpers.core.federation import get_federation
+    from fedpers.core.models import build_model, get_arrays
 
     cfg = build_config(tiny_overrides(client_state_dir=str(tmp_path / "state")))
     fed = get_federation(cfg)
@@ -109,8 +109,8 @@ def test_client_state_survives_a_supernode_restart(tmp_path):
 def test_spilled_client_state_lives_on_disk_only(tmp_path):
     from clients.base import STATE_PREFIX, arrays_digest
     from clients.fedeagd import FedEAGDClient
-    from fedpers.federation import get_federation
-    from fedpers.models import build_model, get_arrays
+    from fedpers.core.federation import get_federation
+    from fedpers.core.models import build_model, get_arrays
 
     cfg = build_config(tiny_overrides(method="fedeagd", client_state_spill=True,
                                       client_state_dir=str(tmp_path / "spill")))
@@ -133,9 +133,9 @@ def test_spilled_client_state_lives_on_disk_only(tmp_path):
 def test_checkpoint_round_trip(tmp_path):
     import torch
 
-    from fedpers.federation import get_federation
-    from fedpers.registry import get_method
-    from fedpers.results import ResultsWriter
+    from fedpers.core.federation import get_federation
+    from fedpers.registry.methods import get_method
+    from fedpers.core.results import ResultsWriter
 
     cfg = build_config(tiny_overrides(checkpoint_dir=str(tmp_path / "ckpt"), out_dir=str(tmp_path / "a")))
     fed = get_federation(cfg)
@@ -169,7 +169,7 @@ def test_checkpoint_round_trip(tmp_path):
 
 
 def test_deploy_cli_certs_and_bad_input(tmp_path, capsys):
-    from fedpers.cli import main
+    from fedpers.apps.cli import main
 
     assert main(["deploy", "certs", "--out", str(tmp_path / "c"), "--nodes", "2", "--host", "fl.example.org"]) == 0
     assert {p.name for p in (tmp_path / "c").iterdir()} == {
@@ -184,7 +184,7 @@ def test_deploy_cli_certs_and_bad_input(tmp_path, capsys):
 
 
 def test_deploy_config_paths_state_and_resume(tmp_path):
-    from fedpers.deploy import deploy_config
+    from fedpers.apps.deploy import deploy_config
 
     out = tmp_path / "out"
     stale = out / "deploy" / "state" / "partition-0"
@@ -275,7 +275,7 @@ def _rounds(out: Path) -> list[int]:
 
 
 def _need_nginx() -> None:
-    from fedpers.deploy import nginx_binary
+    from fedpers.apps.deploy import nginx_binary
 
     try:
         nginx_binary()
@@ -285,7 +285,7 @@ def _need_nginx() -> None:
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
-    from fedpers.deploy import LocalDeployment
+    from fedpers.apps.deploy import LocalDeployment
 
     _need_nginx()
     dep = LocalDeployment(tmp_path_factory.mktemp("deploy"), num_nodes=3)
@@ -317,7 +317,7 @@ def clean_run(deployment, tmp_path_factory):
 
 @pytest.mark.deployment
 def test_unregistered_supernode_is_refused(deployment, tmp_path):
-    from fedpers.deploy import make_node_key
+    from fedpers.apps.deploy import make_node_key
 
     rogue = make_node_key(tmp_path / "rogue.key")
     proc = deployment.start_node(0, key=rogue, name="rogue")
@@ -455,7 +455,7 @@ def test_control_api_works_from_the_operator_side(deployment):
 
 @pytest.mark.deployment
 def test_superexec_needs_the_shared_secret(tmp_path):
-    from fedpers.deploy import LocalDeployment
+    from fedpers.apps.deploy import LocalDeployment
 
     _need_nginx()
     cfg = build_config(tiny_overrides(method="fedavg", rounds=1, num_clients=1, out_dir=str(tmp_path / "run"),
@@ -472,7 +472,7 @@ def test_superexec_needs_the_shared_secret(tmp_path):
 
 
 def test_deploy_without_nginx_is_one_line_before_anything_starts(tmp_path, monkeypatch):
-    from fedpers import deploy
+    from fedpers.apps import deploy
 
     monkeypatch.setattr(deploy.shutil, "which", lambda name: None)
     monkeypatch.setattr(deploy.os, "access", lambda path, mode: False)
@@ -483,7 +483,7 @@ def test_deploy_without_nginx_is_one_line_before_anything_starts(tmp_path, monke
 
 
 def test_proxy_template_renders_every_variable(tmp_path):
-    from fedpers.deploy import PROXY_TEMPLATE, render_proxy_conf
+    from fedpers.apps.deploy import PROXY_TEMPLATE, render_proxy_conf
 
     conf = render_proxy_conf(superlink="127.0.0.1:1", fleet_listen="127.0.0.1:2", control_listen="127.0.0.1:3",
                              cert=tmp_path / "s.pem", key=tmp_path / "s.key", ca=tmp_path / "ca.crt",

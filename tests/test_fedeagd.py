@@ -8,13 +8,13 @@ import torch
 import torch.nn.functional as F
 
 from clients.fedeagd import TEACHER_STATE, FedEAGDClient
-from fedpers.config import build_config
+from fedpers.registry.config import build_config
 from fedpers.algorithms.fedeagd import (distillation_coefficient, ema_update, fedeagd_coefficients,
                                         fusion_coefficient, historical_distillation, per_sample_distillation,
                                         representation_drift)
-from fedpers.federation import get_federation
-from fedpers.models import array_shapes, build_model, get_arrays, parameter_count, parameter_names, set_arrays
-from fedpers.training import frozen_copy
+from fedpers.core.federation import get_federation
+from fedpers.core.models import array_shapes, build_model, get_arrays, parameter_count, parameter_names, set_arrays
+from fedpers.core.training import frozen_copy
 from strategies.fedeagd import FedEAGDStrategy
 from tests.conftest import tiny_overrides
 from tests.test_clients import make_context
@@ -292,7 +292,7 @@ def test_residual_is_trained_and_persisted_once_the_gate_is_open():
 
 
 def test_fedeagd_keys_reject_bad_values():
-    from fedpers.errors import ConfigError
+    from fedpers.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="fedeagd_fusion"):
         fedeagd_cfg(fedeagd_fusion="sometimes")
@@ -303,7 +303,7 @@ def test_fedeagd_keys_reject_bad_values():
 
 
 def test_ready_configs_resolve():
-    from fedpers.config import load_config
+    from fedpers.registry.config import load_config
     from tests.conftest import ROOT
 
     prac = load_config(ROOT / "configs" / "fedeagd_practical.yaml")
@@ -317,8 +317,8 @@ def test_ready_configs_resolve():
 # --- end to end ---------------------------------------------------------------------------------------
 @pytest.mark.simulation
 def test_fedeagd_simulation_counts_shared_extractor_bytes(tmp_path):
-    from fedpers.results import read_metrics, read_summary
-    from fedpers.simulation import run_simulation
+    from fedpers.core.results import read_metrics, read_summary
+    from fedpers.apps.simulation import run_simulation
 
     cfg = fedeagd_cfg(out_dir=str(tmp_path), fedeagd_fusion_start=2, fedeagd_fusion_ramp=1)
     run_simulation(cfg)
@@ -365,7 +365,7 @@ def test_drift_of_identical_extractors_is_zero_with_dropout_on():
 def test_untrained_squeeze_excitation_gate_is_nearly_open():
     """The SE gate starts at sigmoid(SE_GATE_BIAS) = 0.95 with the excitation weights at zero, and stays
     near it with the random ones: an untrained block does not halve its features."""
-    from fedpers.models import SE_GATE_BIAS, SqueezeExcitation
+    from fedpers.core.models import SE_GATE_BIAS, SqueezeExcitation
 
     torch.manual_seed(0)
     se = SqueezeExcitation(32)
@@ -400,7 +400,7 @@ def test_features_in_both_modes_are_a_training_pass_and_an_eval_pass_from_one_tr
     under the same dropout draw."""
     from torch import nn
 
-    from fedpers.training import eval_mode_features, features_in_both_modes
+    from fedpers.core.training import eval_mode_features, features_in_both_modes
 
     model = build_model((3, 16, 16), 10, feature_dim=32, seed=0, kind="se_cnn")
     model.train()

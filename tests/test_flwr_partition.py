@@ -6,9 +6,9 @@ import sys
 import numpy as np
 import pytest
 
-from fedpers.config import build_config
-from fedpers.errors import ConfigError
-from fedpers.federation import get_federation
+from fedpers.registry.config import build_config
+from fedpers.core.errors import ConfigError
+from fedpers.core.federation import get_federation
 
 
 def flwr_cfg(partitioner="DirichletPartitioner", args="{alpha: 0.5}", **extra):

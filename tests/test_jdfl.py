@@ -11,14 +11,14 @@ from fedpers.algorithms.jdfl import (adjusted_rand_index, centroid_similarity_we
                                      discover_domains, elbow_choice, graded_domain_row, graded_targets,
                                      hard_domain_row, joint_index, random_targets, soft_target_loss,
                                      targets_from_domain_row)
-from fedpers.config import build_config
-from fedpers.data import load_digits_domains, load_npz
-from fedpers.domains import domain_client_map, domain_partition
-from fedpers.errors import ConfigError, DataError
-from fedpers.federation import get_federation
-from fedpers.models import array_shapes, build_model, layer_subset_names
-from fedpers.registry import JDFL_BASES, client_class_for, strategy_class_for
-from fedpers.wire import float_row
+from fedpers.registry.config import build_config
+from fedpers.core.data import load_digits_domains, load_npz
+from fedpers.core.domains import domain_client_map, domain_partition
+from fedpers.core.errors import ConfigError, DataError
+from fedpers.core.federation import get_federation
+from fedpers.core.models import array_shapes, build_model, layer_subset_names
+from fedpers.registry.methods import JDFL_BASES, client_class_for, strategy_class_for
+from fedpers.core.wire import float_row
 from tests.conftest import make_context as context, tiny_overrides
 
 C = 3
@@ -259,8 +259,8 @@ E2E = [("fedavg", "graded"), ("scaffold", "random"), ("feddyn", "graded"), ("fed
 @pytest.mark.simulation
 @pytest.mark.parametrize("method,mode", E2E)
 def test_jdfl_runs_end_to_end(method, mode, tmp_path):
-    from fedpers.results import read_metrics, read_summary
-    from fedpers.simulation import run_simulation
+    from fedpers.core.results import read_metrics, read_summary
+    from fedpers.apps.simulation import run_simulation
 
     cfg = build_config(domain_overrides(method=method, jdfl=mode, num_clients=3, fraction_fit=0.67,
                                         out_dir=str(tmp_path), jdfl_discovery_epochs=1))

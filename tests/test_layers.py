@@ -1,5 +1,5 @@
-"""Layers import one way (apps -> registry -> strategies/, clients/ -> core), with no cycle and no import
-between strategies/ and clients/; private Flower names only in fedpers/flower_internals.py; what a
+"""Layers import one way (apps -> registry -> strategies/, clients/ -> fedpers/algorithms -> core), a module's
+layer is its folder, with no cycle and no import between strategies/ and clients/; private Flower names only in fedpers/apps/flower_internals.py; what a
 method's strategy and client declare about it agrees."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import ast
 
 import pytest
 
-from fedpers.registry import METHODS
-from tests.import_graph import ROOT, cycles, graph, layer_of, modules, violations
+from fedpers.registry.methods import METHODS
+from tests.import_graph import ROOT, SHIMS, cycles, graph, layer_of, modules, stray_modules, violations
 
 
 def test_no_import_cycle_across_fedpers_strategies_and_clients():
@@ -21,21 +21,55 @@ def test_every_import_goes_down_a_layer_and_methods_never_import_each_other():
 
 
 def test_the_checker_sees_a_cycle_a_string_import_and_an_upward_import():
-    edges = {"fedpers.models": {"fedpers.registry"}, "fedpers.registry": {"strategies.fedavg"},
-             "strategies.fedavg": {"fedpers.models", "clients.fedavg"}, "clients.fedavg": set()}
-    assert cycles(edges) == [["fedpers.models", "fedpers.registry", "strategies.fedavg"]]
+    edges = {"fedpers.core.models": {"fedpers.registry.methods"}, "fedpers.registry.methods": {"strategies.fedavg"},
+             "strategies.fedavg": {"fedpers.core.models", "clients.fedavg"}, "clients.fedavg": set()}
+    assert cycles(edges) == [["fedpers.core.models", "fedpers.registry.methods", "strategies.fedavg"]]
     assert violations(edges) == [
-        "fedpers.models (core) imports fedpers.registry (registry)",
+        "fedpers.core.models (core) imports fedpers.registry.methods (registry)",
         "strategies.fedavg imports clients.fedavg: strategies/ and clients/ never import each other",
     ]
-    registry = graph()["fedpers.registry"]  # "module:Class" strings are edges
+    registry = graph()["fedpers.registry.methods"]  # "module:Class" strings are edges
     assert {"strategies.fedrep", "clients.fedrep"} <= registry
 
 
-def test_layers_of_known_modules():
-    assert [layer_of(m) for m in ("fedpers.cli", "fedpers.registry", "fedpers.config", "clients.base",
-                                  "fedpers.schema", "fedpers.algorithms.fedrep")] == [
-        "apps", "registry", "registry", "methods", "core", "core"]
+def test_a_modules_layer_is_its_folder():
+    assert [layer_of(m) for m in ("fedpers.apps.cli", "fedpers.registry.methods", "fedpers.registry.config", "clients.base",
+                                  "strategies.jdfl", "fedpers.algorithms.fedrep", "fedpers.core.schema")] == [
+        "apps", "registry", "registry", "methods", "methods", "math", "core"]
+    # every module of fedpers/ is in a layer folder, except the package, `python -m fedpers` and the shims
+    assert stray_modules(modules()) == []
+    assert {m for m in modules() if m.startswith("fedpers") and m.count(".") <= 1
+            and not m.startswith(("fedpers.apps", "fedpers.core", "fedpers.registry", "fedpers.algorithms"))} == {
+        "fedpers", "fedpers.__main__", *SHIMS}
+
+
+def test_the_checker_refuses_a_stray_module_an_upward_math_import_and_a_shim_that_does_more():
+    edges = {"fedpers.helpers": {"fedpers.core.schema"}, "fedpers.core.schema": set(),
+             "fedpers.algorithms.pfedkdh": {"strategies.pfedkdh"}, "strategies.pfedkdh": set(),
+             "fedpers.app": {"fedpers.apps.server_app", "fedpers.core.schema"}, "fedpers.apps.server_app": set()}
+    assert violations(edges) == [
+        "fedpers.helpers is in no layer folder (clients/, fedpers/algorithms/, fedpers/apps/, fedpers/core/, "
+        "fedpers/registry/, strategies/)",
+        "fedpers.app (deprecated shim) imports ['fedpers.apps.server_app', 'fedpers.core.schema'], "
+        "not only fedpers.apps.server_app",
+        "fedpers.algorithms.pfedkdh (math) imports strategies.pfedkdh (methods)",
+    ]
+
+
+def test_the_deprecated_paths_still_work_and_say_where_to_go():
+    import importlib
+    import sys
+    import warnings
+
+    for shim, target in SHIMS.items():
+        sys.modules.pop(shim, None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            module = importlib.import_module(shim)
+        assert any(target in str(w.message) for w in caught if w.category is DeprecationWarning), shim
+        real = importlib.import_module(target)
+        exported = [name for name in vars(module) if not name.startswith("_") and name != "warnings" and name != "sys"]
+        assert exported and all(getattr(module, name) is getattr(real, name) for name in exported)
 
 
 def private_flower_imports(path) -> list[str]:
@@ -52,9 +86,9 @@ def private_flower_imports(path) -> list[str]:
 
 def test_private_flower_names_only_in_flower_internals():
     files = list(modules().items()) + [(p.stem, p) for p in sorted((ROOT / "benchmarks").glob("*.py"))]
-    offenders = {name: private_flower_imports(path) for name, path in files if name != "fedpers.flower_internals"}
+    offenders = {name: private_flower_imports(path) for name, path in files if name != "fedpers.apps.flower_internals"}
     assert {k: v for k, v in offenders.items() if v} == {}
-    assert private_flower_imports(ROOT / "fedpers" / "flower_internals.py") == [
+    assert private_flower_imports(ROOT / "fedpers" / "apps" / "flower_internals.py") == [
         "flwr.simulation.run_simulation._run_simulation", "flwr.supercore.telemetry.EventType"]
 
 
@@ -107,7 +141,7 @@ def test_readme_method_table_lists_exactly_the_registry():
 
 
 def test_wire_helpers_round_trip_exactly():
-    from fedpers.wire import float_row, float_row_of, round_config, server_round_of
+    from fedpers.core.wire import float_row, float_row_of, round_config, server_round_of
 
     row = [0.55, 0.45 / 3, 1 / 3, 1e-300]
     assert float_row_of({"jdfl_row": float_row(row)}, "jdfl_row", (1.0,)) == row

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from fedpers.algorithms.pfedkdh import pfedkdh_objective
-from fedpers.losses import distillation_kl, proximal_term
+from fedpers.core.losses import distillation_kl, proximal_term
 
 
 def test_distillation_kl_known_value():

@@ -13,8 +13,8 @@ from tests.conftest import ROOT
 
 
 def test_clientapp_imports_no_server_side_modules():
-    code = ("import sys, fedpers.client_app; print(sorted(m for m in ('sklearn', 'scipy', 'pandas', 'matplotlib', "
-            "'ray', 'strategies', 'fedpers.results', 'fedpers.run_figures', 'fedpers.app') if m in sys.modules))")
+    code = ("import sys, fedpers.apps.client_app; print(sorted(m for m in ('sklearn', 'scipy', 'pandas', 'matplotlib', "
+            "'ray', 'strategies', 'fedpers.core.results', 'fedpers.core.run_figures', 'fedpers.apps.server_app') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -23,14 +23,14 @@ def test_pyproject_names_the_light_clientapp():
     import tomllib
 
     components = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["components"]
-    assert components == {"serverapp": "fedpers.app:server_app", "clientapp": "fedpers.client_app:client_app"}
+    assert components == {"serverapp": "fedpers.apps.server_app:server_app", "clientapp": "fedpers.apps.client_app:client_app"}
 
 
 def test_digits_cache_holds_exactly_scikit_learns_split(tmp_path, monkeypatch):
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
-    from fedpers import data
+    from fedpers.core import data
 
     monkeypatch.setenv("FEDPERS_DATA_DIR", str(tmp_path))
     first = data.load_digits_dataset()  # builds with scikit-learn, writes the cache
@@ -49,7 +49,7 @@ def test_digits_cache_holds_exactly_scikit_learns_split(tmp_path, monkeypatch):
 
 
 def test_a_corrupt_digits_cache_is_rebuilt(tmp_path, monkeypatch):
-    from fedpers import data
+    from fedpers.core import data
 
     monkeypatch.setenv("FEDPERS_DATA_DIR", str(tmp_path))
     (tmp_path / data.DIGITS_CACHE).write_bytes(b"not an npz")
@@ -79,7 +79,7 @@ class _Reply:
 
 
 def _prompt(fake, interval):
-    from fedpers.prompt_grid import PromptReplyGrid
+    from fedpers.apps.prompt_grid import PromptReplyGrid
 
     return PromptReplyGrid(fake, interval)
 
@@ -106,14 +106,14 @@ def test_prompt_grid_keeps_flowers_timeout_contract():
 
 
 def test_prompt_grid_refuses_a_non_positive_interval():
-    from fedpers.prompt_grid import PromptReplyGrid
+    from fedpers.apps.prompt_grid import PromptReplyGrid
 
     with pytest.raises(ValueError, match="poll_interval"):
         PromptReplyGrid(object(), 0.0)
 
 
 def test_message_timing_mod_logs_one_line_per_message(tmp_path, monkeypatch):
-    from fedpers import client_app
+    from fedpers.apps import client_app
 
     log = tmp_path / "timing.jsonl"
     monkeypatch.setenv(client_app.TIMING_ENV, str(log))
@@ -135,7 +135,7 @@ def test_message_timing_mod_logs_one_line_per_message(tmp_path, monkeypatch):
 
 
 def _digits_cfg(**extra):
-    from fedpers.config import build_config
+    from fedpers.registry.config import build_config
     from tests.conftest import tiny_overrides
 
     return build_config(tiny_overrides(method="fedper", **extra))
@@ -144,7 +144,7 @@ def _digits_cfg(**extra):
 def test_client_slice_is_that_clients_exact_samples(tmp_path, monkeypatch):
     import torch
 
-    from fedpers import federation as fedmod
+    from fedpers.core import federation as fedmod
 
     cfg = _digits_cfg()
     full = fedmod.get_federation(cfg).client(1, torch.device("cpu"))
@@ -171,7 +171,7 @@ def test_client_slice_is_that_clients_exact_samples(tmp_path, monkeypatch):
 
 
 def test_client_slice_is_skipped_where_the_federation_is_in_memory_and_rebuilt_when_corrupt(tmp_path, monkeypatch):
-    from fedpers import federation as fedmod
+    from fedpers.core import federation as fedmod
 
     cfg = _digits_cfg()
     fedmod.get_federation(cfg)  # a simulation actor already holds the whole Federation
@@ -192,7 +192,7 @@ def test_client_slice_is_skipped_where_the_federation_is_in_memory_and_rebuilt_w
 def test_data_key_follows_the_data_files(tmp_path):
     import os
 
-    from fedpers.federation import data_key
+    from fedpers.core.federation import data_key
 
     npz = tmp_path / "mine.npz"
     npz.write_bytes(b"x")

@@ -3,7 +3,7 @@ client), personalized sample-weighted, and the best / last-5 summaries of a run'
 
 import pytest
 
-from fedpers.results import accuracy_summary
+from fedpers.core.results import accuracy_summary
 from strategies.base import _mean, weighted_mean
 
 
@@ -37,7 +37,7 @@ def test_label_distribution_picture_has_one_row_per_client(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from fedpers.run_figures import label_distribution_png
+    from fedpers.core.run_figures import label_distribution_png
 
     counts = {"0": {"train": [5, 0, 1]}, "1": {"train": [0, 7, 0]}, "2": {"train": [2, 2, 2]},
               "3": {"train": [0, 0, 9]}}
@@ -59,7 +59,7 @@ def test_label_distribution_picture_has_one_row_per_client(tmp_path):
 
 def test_wandb_offline_logs_every_round_and_the_summary(tmp_path):
     """wandb: offline writes a run under OUT/wandb with every round's numbers (no network, no process left)."""
-    from fedpers.results import ResultsWriter
+    from fedpers.core.results import ResultsWriter
 
     writer = ResultsWriter(tmp_path, wandb="offline", config={"method": "fedavg", "alpha": 0.5})
     for r in (1, 2):
@@ -86,13 +86,13 @@ def test_memory_estimate_is_within_25_percent_of_the_measured_peak(tmp_path, dat
     import time
     from pathlib import Path
 
-    from fedpers.memory import tree_pss
+    from fedpers.apps.memory import tree_pss
 
     root = Path(__file__).resolve().parents[1]
     data = {"digits": "digits", "mnist": str(root.parent / "shared" / "data" / "mnist.npz")}[dataset]
     if dataset == "mnist" and not Path(data).is_file():
         pytest.skip("../shared/data/mnist.npz is not on this machine")
-    cmd = [sys.executable, "-m", "fedpers.cli", "run", "--out", str(tmp_path / "run"), "--set", f"dataset={data}",
+    cmd = [sys.executable, "-m", "fedpers", "run", "--out", str(tmp_path / "run"), "--set", f"dataset={data}",
            "--set", "method=fedper", "--set", "rounds=2", "--set", "local_epochs=1", "--set", "device=cpu",
            "--set", "num_clients=10", "--set", "fraction_fit=1.0", "--set", "aux_size=100"]
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}

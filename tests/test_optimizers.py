@@ -15,9 +15,9 @@ from fedpers.algorithms.moon import moon_contrastive_loss
 from fedpers.algorithms.prototypes import class_prototypes
 from fedpers.algorithms.scaffold import scaffold_client_control, scaffold_correction, scaffold_server_update
 from fedpers.algorithms.server_state import linear_term, local_steps
-from fedpers.config import build_config
-from fedpers.federation import get_federation
-from fedpers.models import get_arrays
+from fedpers.registry.config import build_config
+from fedpers.core.federation import get_federation
+from fedpers.core.models import get_arrays
 from strategies.base import Upload
 from strategies.feddyn import FedDynStrategy
 from strategies.scaffold import ScaffoldStrategy
@@ -191,7 +191,7 @@ def test_moon_loss_pulls_towards_global_and_away_from_previous():
 
 @pytest.mark.parametrize("method", ["scaffold", "feddyn", "feddc", "fedproc", "moon"])
 def test_state_survives_a_round_without_participation(method):
-    from fedpers.registry import client_class_for, strategy_class_for
+    from fedpers.registry.methods import client_class_for, strategy_class_for
 
     cfg = build_config(tiny_overrides(method=method, aux_size=0))
     strategy = strategy_class_for(cfg)(cfg, get_federation(cfg))

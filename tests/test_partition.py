@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedpers.data import load_digits_dataset
-from fedpers.errors import DataError
-from fedpers.partition import make_partition
+from fedpers.core.data import load_digits_dataset
+from fedpers.core.errors import DataError
+from fedpers.core.partition import make_partition
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +99,8 @@ def test_only_a_clients_own_samples_are_moved_to_the_device():
     (the 'meta' device stands in for a GPU: it records shapes without holding data)."""
     import torch
 
-    from fedpers.config import build_config
-    from fedpers.federation import Federation, get_federation
+    from fedpers.registry.config import build_config
+    from fedpers.core.federation import Federation, get_federation
 
     fed = get_federation(build_config({"dataset": "digits", "num_clients": 4, "aux_size": 100, "alpha": 1.0}))
     fresh = Federation(fed.dataset, fed.partition)

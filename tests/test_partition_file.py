@@ -3,14 +3,14 @@
 import numpy as np
 import pytest
 
-from fedpers.config import build_config, load_config
-from fedpers.data import load_digits_dataset
-from fedpers.errors import ConfigError, DataError
-from fedpers.federation import get_federation
-from fedpers.partition import load_partition, make_partition, save_partition
-from fedpers.registry import federation_for
-from fedpers.results import read_metrics
-from fedpers.simulation import run_simulation
+from fedpers.registry.config import build_config, load_config
+from fedpers.core.data import load_digits_dataset
+from fedpers.core.errors import ConfigError, DataError
+from fedpers.core.federation import get_federation
+from fedpers.core.partition import load_partition, make_partition, save_partition
+from fedpers.registry.methods import federation_for
+from fedpers.core.results import read_metrics
+from fedpers.apps.simulation import run_simulation
 from tests.conftest import tiny_overrides
 
 

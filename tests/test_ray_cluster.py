@@ -6,11 +6,11 @@ import time
 
 import pytest
 
-from fedpers.cluster import LocalRayCluster, check_data_on_nodes
-from fedpers.config import build_config
-from fedpers.errors import DataError
-from fedpers.results import read_metrics, read_summary
-from fedpers.simulation import run_simulation
+from fedpers.core.cluster import LocalRayCluster, check_data_on_nodes
+from fedpers.registry.config import build_config
+from fedpers.core.errors import DataError
+from fedpers.core.results import read_metrics, read_summary
+from fedpers.apps.simulation import run_simulation
 from tests.conftest import tiny_overrides
 
 pytestmark = pytest.mark.simulation

@@ -57,8 +57,8 @@ def test_evaluations_carried_by_the_next_fit_give_the_recorded_numbers(name, tmp
     message. Every number of the recording is the same (accuracies exact, each client's too) but the bytes
     sent down, which lose exactly the evaluate broadcasts not sent: one per client of round 2, where the
     method evaluates on clients and its fit broadcast is the evaluate broadcast."""
-    from fedpers.config import build_config
-    from fedpers.registry import strategy_class_for
+    from fedpers.registry.config import build_config
+    from fedpers.registry.methods import strategy_class_for
 
     recorded = [json.loads(line) for line in (FIXTURES / f"{name}.jsonl").read_text().splitlines()]
     got = json.loads(json.dumps(run(name, tmp_path / "run", evaluate_with_next_fit=True)))

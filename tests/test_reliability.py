@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedpers.rundir import RunLock
+from fedpers.core.rundir import RunLock
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["dataset=digits", "num_clients=3", "fraction_fit=1.0", "local_epochs=1", "batch_size=32", "lr=0.05",
@@ -29,7 +29,7 @@ ENV = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_RUNTIME_DEPEND
 
 
 def fedpers(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fedpers.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "fedpers", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, env=ENV)
 
 
@@ -90,7 +90,7 @@ def interrupt_after_first_round(args: list[str], out: Path, *, settle: float = 0
     """Start ``fedpers ARGS`` in its own session (so that every process it starts can be found), send it
     ``sig`` once a round is in ``out`` (and ``settle`` seconds more); return it, the seconds it took to exit
     and its stderr."""
-    proc = subprocess.Popen([sys.executable, "-m", "fedpers.cli", *args], cwd=ROOT, env=ENV,
+    proc = subprocess.Popen([sys.executable, "-m", "fedpers", *args], cwd=ROOT, env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             preexec_fn=_default_signals)
     try:
@@ -124,7 +124,7 @@ def test_sigint_after_the_first_round_ends_the_run(tmp_path):
 HUNG_SHUTDOWN = """
 import signal, subprocess, sys, time
 import ray  # noqa: F401  (a simulation: Ray is loaded)
-import fedpers.cli as cli
+import fedpers.apps.cli as cli
 cli.INTERRUPT_GRACE_S = 1.0
 child = subprocess.Popen(["sleep", "300"])  # stands for Ray's processes
 print(child.pid, flush=True)
@@ -172,7 +172,7 @@ def test_sigint_ends_a_sweep_and_its_run_and_the_sweep_resumes_inside_the_run(tm
     done = [json.loads(line)["round"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert done and (run_dir / "checkpoint" / "server_checkpoint.npz").is_file() and not (run_dir / "summary.json").exists()
     # the same command, now with fewer rounds to finish: it continues after the checkpointed round
-    from fedpers.checkpoint import load_checkpoint
+    from fedpers.core.checkpoint import load_checkpoint
 
     last = int(load_checkpoint(run_dir / "checkpoint")["round"])
     sweep.write_text(sweep.read_text().replace("rounds: 200", f"rounds: {last + 1}"))
@@ -319,7 +319,7 @@ def test_a_stray_label_is_refused_unless_the_file_names_its_classes(tmp_path):
     named = tmp_path / "named.npz"
     np.savez(named, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test,
              class_names=np.array([str(i) for i in range(256)]))
-    from fedpers.data import load_npz
+    from fedpers.core.data import load_npz
 
     assert load_npz(named).num_classes == 256
 
@@ -373,7 +373,7 @@ def test_sigterm_during_a_round_ends_the_run_as_ctrl_c_and_resume_gives_the_unin
 
 SIGNAL_TO_ANOTHER_THREAD = """
 import signal, sys, threading, time
-import fedpers.cli as cli
+import fedpers.apps.cli as cli
 
 def blocked_main_thread(args):
     # stands for Flower's engine: the main thread blocked joining a thread, the signal handed by the kernel
@@ -397,7 +397,7 @@ def test_a_signal_handed_to_another_thread_still_ends_the_command():
 ENGINE_FAILS = """
 import sys, threading
 import ray  # noqa: F401  (as in a simulation: Ray is loaded)
-import fedpers.simulation as simulation
+import fedpers.apps.simulation as simulation
 
 def failing_engine(cfg, verbose=False):
     # stands for Flower's ServerApp thread, which waits for replies that never come: not a daemon
@@ -405,7 +405,7 @@ def failing_engine(cfg, verbose=False):
     raise RuntimeError("An error was encountered. Ending simulation.") from ValueError("ActorPool is empty")
 
 simulation.run_simulation = failing_engine
-from fedpers.cli import main
+from fedpers.apps.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -444,7 +444,7 @@ def test_an_empty_out_is_refused_by_sweep_and_certs(tmp_path):
 
 SET_REFUSAL_IMPORTS = """
 import sys
-from fedpers.cli import main
+from fedpers.apps.cli import main
 code = main(sys.argv[1:])
 print("torch" in sys.modules)
 sys.exit(code)
@@ -517,7 +517,7 @@ def test_a_huge_or_infinite_float_pixel_is_refused_without_warnings(tmp_path, ca
 
 
 def test_standardisation_of_large_float_pixels_is_not_zeros():
-    from fedpers.data import from_arrays
+    from fedpers.core.data import from_arrays
 
     rng = np.random.default_rng(0)
     x = rng.random((200, 8, 8)).astype(np.float32)
@@ -547,7 +547,7 @@ def test_keys_of_another_method_are_named_in_one_warning(tmp_path):
 
 
 def test_a_sweeps_base_may_carry_other_methods_keys_but_a_rows_own_set_is_warned_about(tmp_path):
-    from fedpers.sweep import load_sweep, plan, run_command
+    from fedpers.apps.sweep import load_sweep, plan, run_command
 
     sweep_file = tmp_path / "s.yaml"
     sweep_file.write_text("base: {rounds: 1, ditto_lambda: 0.5}\ndatasets: [digits]\nalphas: [1.0]\nseeds: [0]\n"
@@ -667,8 +667,8 @@ def test_a_full_disk_while_drawing_the_curves_keeps_the_numbers_and_says_so(tmp_
     import errno
     import json
 
-    import fedpers.run_figures as figures
-    from fedpers.results import ResultsWriter
+    import fedpers.core.run_figures as figures
+    from fedpers.core.results import ResultsWriter
 
     def full_disk(history, path, *args, **kwargs):
         path.write_bytes(b"\x89PNG half")

@@ -15,13 +15,13 @@ from flwr.common import Code, FitRes, Parameters, Status, ndarrays_to_parameters
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedpers.config import build_config
-from fedpers.errors import FedpersError
-from fedpers.federation import get_federation
-from fedpers.models import get_arrays
-from fedpers.results import read_metrics
-from fedpers.simulation import run_simulation
-from fedpers.validation import aggregate_updates, corrupt_update
+from fedpers.registry.config import build_config
+from fedpers.core.errors import FedpersError
+from fedpers.core.federation import get_federation
+from fedpers.core.models import get_arrays
+from fedpers.core.results import read_metrics
+from fedpers.apps.simulation import run_simulation
+from fedpers.core.validation import aggregate_updates, corrupt_update
 from strategies.fedavg import FedAvgStrategy
 from tests.conftest import ROOT, tiny_overrides
 
@@ -156,7 +156,7 @@ def test_one_nan_client_in_five_is_rejected_every_round_and_accuracy_holds(tmp_p
 @pytest.mark.simulation
 def test_killed_server_leaves_every_finished_round_on_disk(tmp_path):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "fedpers.cli", "run", "--out", str(out)]
+    cmd = [sys.executable, "-m", "fedpers", "run", "--out", str(out)]
     for k, v in tiny_overrides(method="fedavg", rounds=50).items():
         cmd += ["--set", f"{k}={v}"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

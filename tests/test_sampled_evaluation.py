@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from fedpers.config import build_config
-from fedpers.federation import get_federation
-from fedpers.inprocess import run_in_process
-from fedpers.registry import strategy_class_for
-from fedpers.results import read_metrics, read_summary
+from fedpers.registry.config import build_config
+from fedpers.core.federation import get_federation
+from fedpers.apps.inprocess import run_in_process
+from fedpers.registry.methods import strategy_class_for
+from fedpers.core.results import read_metrics, read_summary
 from tests.conftest import tiny_overrides
 
 
@@ -44,8 +44,8 @@ def test_records_average_the_sampled_clients_only(method, carried, tmp_path):
 
 
 def test_the_report_says_when_a_figure_is_a_sample(tmp_path):
-    from fedpers.report import write_tables
-    from fedpers.sweep import MethodEntry, Sweep
+    from fedpers.apps.report import write_tables
+    from fedpers.apps.sweep import MethodEntry, Sweep
 
     sweep = Sweep([MethodEntry("FedPer", "fedper")], ["mnist"], [0.05], [0])
     cell = {"values": [99.0], "curves": [[(1, 99.0)]], "best": [(1, 99.0)], "splits": {}}

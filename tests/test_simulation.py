@@ -2,10 +2,10 @@
 
 import pytest
 
-from fedpers.config import build_config
-from fedpers.registry import METHODS
-from fedpers.results import read_metrics, read_summary
-from fedpers.simulation import run_simulation
+from fedpers.registry.config import build_config
+from fedpers.registry.methods import METHODS
+from fedpers.core.results import read_metrics, read_summary
+from fedpers.apps.simulation import run_simulation
 from tests.conftest import tiny_overrides
 
 pytestmark = pytest.mark.simulation

@@ -7,11 +7,11 @@ import sys
 import numpy as np
 import pytest
 
-from fedpers.config import build_config
-from fedpers.errors import ConfigError
-from fedpers.report import paired_client_difference, report
-from fedpers.results import ResultsWriter, accuracy_summary
-from fedpers.sweep import load_sweep, plan, write_plan
+from fedpers.registry.config import build_config
+from fedpers.core.errors import ConfigError
+from fedpers.apps.report import paired_client_difference, report
+from fedpers.core.results import ResultsWriter, accuracy_summary
+from fedpers.apps.sweep import load_sweep, plan, write_plan
 from tests.conftest import ROOT
 
 SWEEP = """
@@ -144,7 +144,7 @@ def test_real_sweep_runs_and_resumes(tmp_path):
                     "fraction_fit: 1.0, device: cpu}\ndatasets: [digits]\nalphas: [1.0]\nseeds: [0]\n"
                     "methods: [fedavg]\n")
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "fedpers.cli", "sweep", str(path), "--out", str(out)]
+    cmd = [sys.executable, "-m", "fedpers", "sweep", str(path), "--out", str(out)]
     first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
     assert "1 to run" in first.stdout and (out / "table.md").exists()
@@ -162,7 +162,7 @@ def test_two_jobs_give_the_same_tables_as_one(tmp_path):
     tables = {}
     for jobs in (1, 2):
         out = tmp_path / f"jobs{jobs}"
-        proc = subprocess.run([sys.executable, "-m", "fedpers.cli", "sweep", str(sweep), "--out", str(out),
+        proc = subprocess.run([sys.executable, "-m", "fedpers", "sweep", str(sweep), "--out", str(out),
                                "--jobs", str(jobs)], capture_output=True, text=True, cwd=ROOT, timeout=600)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         tables[jobs] = ((out / "table.md").read_text(), (out / "table.csv").read_text())

@@ -5,7 +5,7 @@ import struct
 
 import numpy as np
 
-from fedpers.data import load_dataset
+from fedpers.core.data import load_dataset
 
 
 def write_idx(path, array, magic):

@@ -8,14 +8,14 @@ import json
 import numpy as np
 import pytest
 
-from fedpers.config import build_config
-from fedpers.errors import DataError
-from fedpers.federation import get_federation
-from fedpers.inprocess import run_in_process
-from fedpers.partition import Partition, hold_out_validation
-from fedpers.results import read_metrics, read_summary
-from fedpers.report import write_validation
-from fedpers.sweep import MethodEntry, PlannedRun, Sweep
+from fedpers.registry.config import build_config
+from fedpers.core.errors import DataError
+from fedpers.core.federation import get_federation
+from fedpers.apps.inprocess import run_in_process
+from fedpers.core.partition import Partition, hold_out_validation
+from fedpers.core.results import read_metrics, read_summary
+from fedpers.apps.report import write_validation
+from fedpers.apps.sweep import MethodEntry, PlannedRun, Sweep
 
 from tests.conftest import tiny_overrides
 
@@ -107,11 +107,11 @@ def test_validation_metrics_are_those_of_the_model_whose_test_accuracy_is_report
     import torch
     from flwr.common import EvaluateIns, ndarrays_to_parameters
 
-    from fedpers import seeds
+    from fedpers.core import seeds
     from fedpers.algorithms.fedbabu import fine_tune_copy
-    from fedpers.models import build_model, get_arrays
-    from fedpers.registry import client_for_message
-    from fedpers.training import evaluate, seed_everything
+    from fedpers.core.models import build_model, get_arrays
+    from fedpers.registry.methods import client_for_message
+    from fedpers.core.training import evaluate, seed_everything
     from tests.conftest import make_context
 
     cfg = build_config(tiny_overrides(method="fedbabu", val_fraction=0.25, fedbabu_finetune_epochs=2))

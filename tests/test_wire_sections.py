@@ -1,4 +1,4 @@
-"""The arrays of a message travel in named sections (fedpers.wire), checked on both ends."""
+"""The arrays of a message travel in named sections (fedpers.core.wire), checked on both ends."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from clients.scaffold import ScaffoldClient
-from fedpers.config import build_config
-from fedpers.errors import ClientUpdateError
-from fedpers.federation import get_federation
-from fedpers.wire import SectionError, join_sections, section_counts_of, split_sections
+from fedpers.registry.config import build_config
+from fedpers.core.errors import ClientUpdateError
+from fedpers.core.federation import get_federation
+from fedpers.core.wire import SectionError, join_sections, section_counts_of, split_sections
 from strategies.scaffold import ScaffoldStrategy
 from tests.conftest import make_context, tiny_overrides
 

@@ -3,5 +3,5 @@ arrays: no Flower, no config, no federation. ``strategies/`` and ``clients/`` wi
 
 Pieces two methods share live in their own module: :mod:`~fedpers.algorithms.prototypes` (FedProto,
 FedProc) and :mod:`~fedpers.algorithms.server_state` (SCAFFOLD, FedDyn, FedDC). Loss terms several
-methods use (distillation, proximal term) are :mod:`fedpers.losses`.
+methods use (distillation, proximal term) are :mod:`fedpers.core.losses`.
 """

@@ -10,11 +10,11 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from fedpers.losses import proximal_term
-from fedpers.schema import Key, non_negative
+from fedpers.core.losses import proximal_term
+from fedpers.core.schema import Key, non_negative
 
 
-# Ditto's own config keys: its section of the config table, which fedpers.config assembles
+# Ditto's own config keys: its section of the config table, which fedpers.registry.config assembles
 # from the core keys and each registered method's KEYS (help texts say paper, code or ours).
 KEYS: tuple[Key, ...] = (
     Key("ditto_lambda", float, 0.1,

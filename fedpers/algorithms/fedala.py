@@ -12,11 +12,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedpers.training import EVAL_BATCH
-from fedpers.schema import Key, positive, at_least_one
+from fedpers.core.training import EVAL_BATCH
+from fedpers.core.schema import Key, positive, at_least_one
 
 
-# FedALA's own config keys: its section of the config table, which fedpers.config assembles
+# FedALA's own config keys: its section of the config table, which fedpers.registry.config assembles
 # from the core keys and each registered method's KEYS (help texts say paper, code or ours).
 KEYS: tuple[Key, ...] = (
     Key("fedala_eta", float, 1.0, "FedALA learning rate eta of the ALA weights W (paper: 1.0)", positive),

@@ -13,17 +13,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedpers.algorithms.prototypes import class_prototypes
-from fedpers.training import EVAL_BATCH, minibatches, sgd
-from fedpers.schema import Key, positive, non_negative, at_least_one
-from fedpers.wire import MODEL_SECTION, Contract
+from fedpers.core.training import EVAL_BATCH, minibatches, sgd
+from fedpers.core.schema import Key, positive, non_negative, at_least_one
+from fedpers.core.wire import MODEL_SECTION, Contract
 
 
-# What travels, by named section (fedpers.wire.Contract), declared once for the strategy and the client:
+# What travels, by named section (fedpers.core.wire.Contract), declared once for the strategy and the client:
 # broadcast = the feature extractor; upload = the trained feature extractor and the trace of its Fisher
 # information (one (1,) array).
 CONTRACT = Contract(download_part="backbone", upload_part="backbone", upload=(MODEL_SECTION, "fisher_trace"))
 
-# FedAS's own config keys: its section of the config table, which fedpers.config assembles
+# FedAS's own config keys: its section of the config table, which fedpers.registry.config assembles
 # from the core keys and each registered method's KEYS (help texts say paper, code or ours).
 KEYS: tuple[Key, ...] = (
     Key("fedas_align_lr", float, 0.01, "FedAS parameter-alignment SGD learning rate (paper code: 0.01)", positive),

@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedpers.training import sgd, train_epochs
-from fedpers.schema import Key, parses, non_negative
+from fedpers.core.training import sgd, train_epochs
+from fedpers.core.schema import Key, parses, non_negative
 
 
-# FedBABU's own config keys: its section of the config table, which fedpers.config assembles
+# FedBABU's own config keys: its section of the config table, which fedpers.registry.config assembles
 # from the core keys and each registered method's KEYS (help texts say paper, code or ours).
 KEYS: tuple[Key, ...] = (
     Key("fedbabu_finetune_epochs", int, 5,

@@ -11,16 +11,16 @@ import torch
 
 from fedpers.algorithms.scaffold import scaffold_client_control
 from fedpers.algorithms.server_state import _f64, _like
-from fedpers.schema import Key, positive
-from fedpers.wire import MODEL_SECTION, Contract
+from fedpers.core.schema import Key, positive
+from fedpers.core.wire import MODEL_SECTION, Contract
 
 
-# What travels, by named section (fedpers.wire.Contract), declared once for the strategy and the client:
+# What travels, by named section (fedpers.core.wire.Contract), declared once for the strategy and the client:
 # broadcast = w and the average update-rate state g (one array per model array); upload = theta_i + h_i and Delta g_i.
 CONTRACT = Contract(broadcast=(MODEL_SECTION, "update_rate"),
                     upload=(MODEL_SECTION, "update_rate_delta"))
 
-# FedDC's own config keys: its section of the config table, which fedpers.config assembles
+# FedDC's own config keys: its section of the config table, which fedpers.registry.config assembles
 # from the core keys and each registered method's KEYS (help texts say paper, code or ours).
 KEYS: tuple[Key, ...] = (
     Key("feddc_alpha", float, 0.01, "FedDC drift penalty alpha (FedDC code default 0.01)", positive),

@@ -10,10 +10,10 @@ import numpy as np
 import torch
 
 from fedpers.algorithms.server_state import _f64, _like, linear_term
-from fedpers.schema import Key, positive
+from fedpers.core.schema import Key, positive
 
 
-# FedDyn's own config keys: its section of the config table, which fedpers.config assembles
+# FedDyn's own config keys: its section of the config table, which fedpers.registry.config assembles
 # from the core keys and each registered method's KEYS (help texts say paper, code or ours).
 KEYS: tuple[Key, ...] = (
     Key("feddyn_alpha", float, 0.01, "FedDyn regularisation alpha (paper grid 0.1/0.01/0.001; ours 0.01)", positive),

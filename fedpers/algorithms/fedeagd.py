@@ -22,10 +22,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedpers.schema import Key, non_negative, unit_interval, one_of
+from fedpers.core.schema import Key, non_negative, unit_interval, one_of
 
 
-# FedEAGD's own config keys: its section of the config table, which fedpers.config assembles
+# FedEAGD's own config keys: its section of the config table, which fedpers.registry.config assembles
 # from the core keys and each registered method's KEYS (help texts say paper, code or ours).
 KEYS: tuple[Key, ...] = (
     Key("fedeagd_ema_decay", float, 0.9,

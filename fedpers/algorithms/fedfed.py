@@ -11,18 +11,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedpers.training import EVAL_BATCH
-from fedpers.schema import Key, positive, non_negative
-from fedpers.wire import MODEL_SECTION, Contract
+from fedpers.core.training import EVAL_BATCH
+from fedpers.core.schema import Key, positive, non_negative
+from fedpers.core.wire import MODEL_SECTION, Contract
 
 
-# What travels, by named section (fedpers.wire.Contract), declared once for the strategy and the client:
+# What travels, by named section (fedpers.core.wire.Contract), declared once for the strategy and the client:
 # broadcast = the model and a draw of the global shared dataset (empty before the training phase); upload = the
 # model and the client's noisy shared features with their labels (empty but once).
 CONTRACT = Contract(broadcast=(MODEL_SECTION, "shared_features", "shared_labels"),
                     upload=(MODEL_SECTION, "shared_features", "shared_labels"))
 
-# FedFed's own config keys: its section of the config table, which fedpers.config assembles
+# FedFed's own config keys: its section of the config table, which fedpers.registry.config assembles
 # from the core keys and each registered method's KEYS (help texts say paper, code or ours).
 KEYS: tuple[Key, ...] = (
     Key("fedfed_distill_rounds", int, 15,

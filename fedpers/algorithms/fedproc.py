@@ -11,17 +11,17 @@ import torch
 import torch.nn.functional as F
 
 from fedpers.algorithms.prototypes import aggregate_prototypes
-from fedpers.schema import Key, positive
-from fedpers.wire import MODEL_SECTION, Contract
+from fedpers.core.schema import Key, positive
+from fedpers.core.wire import MODEL_SECTION, Contract
 
 
-# What travels, by named section (fedpers.wire.Contract), declared once for the strategy and the client:
+# What travels, by named section (fedpers.core.wire.Contract), declared once for the strategy and the client:
 # broadcast = the model, the global prototypes (C x F) and which classes have one (C,); upload = the model, the
 # client's class prototypes (C x F) and class counts (C,).
 CONTRACT = Contract(broadcast=(MODEL_SECTION, "global_prototypes", "prototype_mask"),
                     upload=(MODEL_SECTION, "class_prototypes", "class_counts"))
 
-# FedProc's own config keys: its section of the config table, which fedpers.config assembles
+# FedProc's own config keys: its section of the config table, which fedpers.registry.config assembles
 # from the core keys and each registered method's KEYS (help texts say paper, code or ours).
 KEYS: tuple[Key, ...] = (
     Key("fedproc_tau", float, 0.5, "FedProc prototype-contrastive temperature (ours)", positive),

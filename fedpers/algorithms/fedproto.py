@@ -8,16 +8,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedpers.schema import Key, non_negative, one_of
-from fedpers.wire import Contract
+from fedpers.core.schema import Key, non_negative, one_of
+from fedpers.core.wire import Contract
 
 
-# What travels, by named section (fedpers.wire.Contract), declared once for the strategy and the client:
+# What travels, by named section (fedpers.core.wire.Contract), declared once for the strategy and the client:
 # broadcast = the global prototypes (C x d) and which classes have one (C,); no model; upload = the client's class
 # prototypes (C x d) and class counts (C,).
 CONTRACT = Contract(broadcast=("global_prototypes", "prototype_mask"), upload=("class_prototypes", "class_counts"))
 
-# FedProto's own config keys: its section of the config table, which fedpers.config assembles
+# FedProto's own config keys: its section of the config table, which fedpers.registry.config assembles
 # from the core keys and each registered method's KEYS (help texts say paper, code or ours).
 KEYS: tuple[Key, ...] = (
     Key("fedproto_lambda", float, 1.0,

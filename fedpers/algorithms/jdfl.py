@@ -18,16 +18,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedpers.schema import Key, positive, non_negative, at_least_one, unit_interval, one_of
-from fedpers.wire import MODEL_SECTION
+from fedpers.core.schema import Key, positive, non_negative, at_least_one, unit_interval, one_of
+from fedpers.core.wire import MODEL_SECTION
 
 
-# What the discovery message (round 0) and its reply carry, by named section (fedpers.wire): theta^0 down,
+# What the discovery message (round 0) and its reply carry, by named section (fedpers.core.wire): theta^0 down,
 # the update of the jdfl_layers subset after E0 epochs up. Training rounds use the wrapped optimizer's.
 DISCOVERY_BROADCAST: tuple[str, ...] = (MODEL_SECTION,)
 DISCOVERY_UPLOAD: tuple[str, ...] = ("discovery_update",)
 
-# JDFL's own config keys: its section of the config table, which fedpers.config assembles
+# JDFL's own config keys: its section of the config table, which fedpers.registry.config assembles
 # from the core keys and each registered method's KEYS (help texts say paper, code or ours).
 KEYS: tuple[Key, ...] = (
     Key("jdfl", str, "off",

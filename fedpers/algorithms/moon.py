@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fedpers.schema import Key, positive, non_negative
+from fedpers.core.schema import Key, positive, non_negative
 
 
-# MOON's own config keys: its section of the config table, which fedpers.config assembles
+# MOON's own config keys: its section of the config table, which fedpers.registry.config assembles
 # from the core keys and each registered method's KEYS (help texts say paper, code or ours).
 KEYS: tuple[Key, ...] = (
     Key("moon_mu", float, 1.0, "MOON weight mu of the model-contrastive loss (paper: 1 or 5)", non_negative),

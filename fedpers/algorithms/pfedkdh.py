@@ -8,16 +8,16 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from fedpers.losses import distillation_kl, proximal_term
-from fedpers.schema import Key, parses, positive, non_negative, unit_interval, one_of
-from fedpers.wire import Contract
+from fedpers.core.losses import distillation_kl, proximal_term
+from fedpers.core.schema import Key, parses, positive, non_negative, unit_interval, one_of
+from fedpers.core.wire import Contract
 
 
-# What travels (fedpers.wire.Contract), declared once for the strategy and the client: the whole model down
+# What travels (fedpers.core.wire.Contract), declared once for the strategy and the client: the whole model down
 # (the aggregated backbone and the recalibrated teacher head), only the backbone up (Eq. 4).
 CONTRACT = Contract(download_part="all", upload_part="backbone")
 
-# pFedKDH's own config keys: its section of the config table, which fedpers.config assembles
+# pFedKDH's own config keys: its section of the config table, which fedpers.registry.config assembles
 # from the core keys and each registered method's KEYS (help texts say paper, code or ours).
 KEYS: tuple[Key, ...] = (
     Key("variant", str, "fair", "pFedKDH evaluation variant: fair | ea", one_of("fair", "ea")),

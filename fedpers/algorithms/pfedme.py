@@ -11,11 +11,11 @@ import torch
 from torch import nn
 
 from fedpers.algorithms.ditto import personal_objective
-from fedpers.training import sgd
-from fedpers.schema import Key, positive, at_least_one
+from fedpers.core.training import sgd
+from fedpers.core.schema import Key, positive, at_least_one
 
 
-# pFedMe's own config keys: its section of the config table, which fedpers.config assembles
+# pFedMe's own config keys: its section of the config table, which fedpers.registry.config assembles
 # from the core keys and each registered method's KEYS (help texts say paper, code or ours).
 KEYS: tuple[Key, ...] = (
     Key("pfedme_lambda", float, 15.0, "pFedMe regularisation lambda of the Moreau envelope (paper: 15)", positive),

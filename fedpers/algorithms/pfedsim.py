@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedpers.schema import Key, unit_interval_open_right
+from fedpers.core.schema import Key, unit_interval_open_right
 
 
-# pFedSim's own config keys: its section of the config table, which fedpers.config assembles
+# pFedSim's own config keys: its section of the config table, which fedpers.registry.config assembles
 # from the core keys and each registered method's KEYS (help texts say paper, code or ours).
 KEYS: tuple[Key, ...] = (
     Key("pfedsim_warmup", float, 0.5,

@@ -9,16 +9,16 @@ from typing import Sequence
 import numpy as np
 
 from fedpers.algorithms.server_state import _f64, _like
-from fedpers.schema import Key, positive
-from fedpers.wire import MODEL_SECTION, Contract
+from fedpers.core.schema import Key, positive
+from fedpers.core.wire import MODEL_SECTION, Contract
 
 
-# What travels, by named section (fedpers.wire.Contract), declared once for the strategy and the client:
+# What travels, by named section (fedpers.core.wire.Contract), declared once for the strategy and the client:
 # broadcast = x and the server control variate c (one array per model array); upload = y_i and Delta c_i = c_i+ - c_i.
 CONTRACT = Contract(broadcast=(MODEL_SECTION, "server_control"),
                     upload=(MODEL_SECTION, "control_delta"))
 
-# SCAFFOLD's own config keys: its section of the config table, which fedpers.config assembles
+# SCAFFOLD's own config keys: its section of the config table, which fedpers.registry.config assembles
 # from the core keys and each registered method's KEYS (help texts say paper, code or ours).
 KEYS: tuple[Key, ...] = (
     Key("scaffold_server_lr", float, 1.0, "SCAFFOLD global step size eta_g (paper: 1)", positive),

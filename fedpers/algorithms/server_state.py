@@ -2,7 +2,7 @@
 (SCAFFOLD, FedDyn, FedDC): zeros, the linear gradient term and the local step count.
 
 Server-side state (SCAFFOLD's c, FedDyn's h, FedDC's g) is a list of numpy arrays in the order of
-:func:`fedpers.models.parameter_names` (``all``).
+:func:`fedpers.core.models.parameter_names` (``all``).
 """
 
 from __future__ import annotations

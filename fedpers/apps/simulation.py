@@ -4,7 +4,7 @@
 process that starts, runs and stops everything. This module drives the same engine that
 ``flwr-simulation`` uses (``flwr.simulation.run_simulation._run_simulation``, pinned flwr 1.42) with the
 project's own ``server_app``/``client_app`` and one SuperNode per client (the private entry point is
-wrapped in :mod:`fedpers.flower_internals`). The run-config reaches the
+wrapped in :mod:`fedpers.apps.flower_internals`). The run-config reaches the
 simulated SuperNodes through a generated app directory whose ``pyproject.toml`` holds the resolved config.
 """
 
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import tomli_w
 
-from fedpers.config import Config
+from fedpers.registry.config import Config
 
-CLIENT_APP_ATTR = "fedpers.client_app:client_app"
+CLIENT_APP_ATTR = "fedpers.apps.client_app:client_app"
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
@@ -45,7 +45,7 @@ def write_app_dir(cfg: Config, directory: Path) -> Path:
         "project": {"name": "fedpers-run", "version": "0.1.0"},
         "tool": {"flwr": {"app": {
             "publisher": "fedpers",
-            "components": {"serverapp": "fedpers.app:server_app", "clientapp": CLIENT_APP_ATTR},
+            "components": {"serverapp": "fedpers.apps.server_app:server_app", "clientapp": CLIENT_APP_ATTR},
             "config": cfg.to_dict(),
         }}},
     }
@@ -106,7 +106,7 @@ def start_ray(backend: dict) -> None:
     try:
         ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, **init_args)
     except Exception as exc:  # noqa: BLE001 - an unreachable cluster, a port in use: one line
-        from fedpers.errors import EngineError, cut
+        from fedpers.core.errors import EngineError, cut
 
         where = f"join the Ray cluster at {init_args['address']}" if "address" in init_args else "start Ray"
         raise EngineError(f"could not {where}: {type(exc).__name__}: {cut(str(exc).strip())}") from None
@@ -118,8 +118,8 @@ def start_ray(backend: dict) -> None:
 def _run_in_engine(cfg: Config, verbose: bool) -> None:
     from flwr.app import Context, RecordDict
 
-    from fedpers.app import server_app
-    from fedpers.flower_internals import run_simulation_engine
+    from fedpers.apps.server_app import server_app
+    from fedpers.apps.flower_internals import run_simulation_engine
 
     if not verbose:  # after Flower's imports, which set up its logger
         logging.getLogger("flwr").setLevel(logging.WARNING)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedpers.seeds import derived_seed
+from fedpers.core.seeds import derived_seed
 
 
 BatchLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -25,7 +25,7 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        from fedpers.errors import ConfigError
+        from fedpers.core.errors import ConfigError
 
         raise ConfigError("config key 'device': cuda requested but no CUDA device is available")
     return torch.device(name)

@@ -43,7 +43,7 @@ def run_simulation_engine(*, num_supernodes: int, client_app_attr: str, server_a
 
 class ResumableServer(Server):
     """Flower's legacy ``Server`` whose round loop starts at ``start_round`` (1 = a fresh run): resume
-    after a checkpoint (fedpers/checkpoint.py).
+    after a checkpoint (fedpers/core/checkpoint.py).
 
     Why a copy: ``Server.fit`` always counts from round 1 and has no hook for the first round; this copy
     of its loop (and its call of the private ``Server._get_initial_parameters``) differs only in the

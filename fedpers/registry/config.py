@@ -1,9 +1,9 @@
 """The validated config of a registered method (registry layer): the full key table (the core's keys of
-:mod:`fedpers.schema`, then each registered method's and extension's own ``KEYS``, in registry order) plus
+:mod:`fedpers.core.schema`, then each registered method's and extension's own ``KEYS``, in registry order) plus
 the checks that need the registry (the method's name, what JDFL can wrap, which methods need Ds).
 
 Apps, tests and benchmarks build configs here; the core (data, models, training) and the methods read
-``fedpers.schema.Config`` and never import this module.
+``fedpers.core.schema.Config`` and never import this module.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any, Iterable, Mapping
 
 import functools
 
-from fedpers.errors import ConfigError, shown
-from fedpers.registry import EXTENSIONS, METHODS
-from fedpers.schema import (CORE_KEYS, Config, Key, Schema, Value, coerce_value,  # noqa: F401 (re-exported)
+from fedpers.core.errors import ConfigError, shown
+from fedpers.registry.methods import EXTENSIONS, METHODS
+from fedpers.core.schema import (CORE_KEYS, Config, Key, Schema, Value, coerce_value,  # noqa: F401 (re-exported)
                             load_yaml, parse_id_list, parse_set_arguments, read_config_file, read_yaml_text)
 
 _CORE_BY_NAME = {key.name: key for key in CORE_KEYS}
@@ -50,7 +50,7 @@ METHOD_CHECKS = (check_method, check_method_combinations)
 
 @functools.cache
 def full_schema() -> Schema:
-    """The run's key table: section ``core`` (:data:`fedpers.schema.CORE_KEYS`), then one section per
+    """The run's key table: section ``core`` (:data:`fedpers.core.schema.CORE_KEYS`), then one section per
     registered method and extension that declares keys, named after it; a name declared twice is an error."""
     sections = [("core", CORE_KEYS)]
     sections += [(spec.name, spec.own_keys()) for spec in METHODS.values() if spec.keys]
@@ -113,7 +113,7 @@ def load_config(path: str | Path | None = None, sets: list[str] | None = None, *
     cfg = build_config(overrides)
     if cfg.partition == "file":
         # num_clients comes from the file; an explicitly given different value is an error.
-        from fedpers.partition import count_partition_clients
+        from fedpers.core.partition import count_partition_clients
 
         in_file = count_partition_clients(cfg.partition_file)
         if cfg.num_clients != in_file:

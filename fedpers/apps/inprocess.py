@@ -17,7 +17,7 @@ from flwr.common import (DisconnectRes, EvaluateIns, EvaluateRes, FitIns, FitRes
 from flwr.server import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 
-from fedpers.config import Config
+from fedpers.registry.config import Config
 
 
 class InProcessClientProxy(ClientProxy):
@@ -54,10 +54,10 @@ def run_in_process(cfg: Config, *, stop_after: int | None = None) -> None:
     The round loop of Flower's ``Server.fit`` (fit, central evaluate, federated evaluate), with the
     results of a round in partition order: ``Server`` hands them over in completion order, which makes
     float sums (and FedAS's weight list) differ between two runs of the same arithmetic. ``resume: true``
-    continues after the checkpoint's round (``fedpers.flower_internals.ResumableServer``'s first round);
+    continues after the checkpoint's round (``fedpers.apps.flower_internals.ResumableServer``'s first round);
     ``stop_after`` ends the loop after that round's evaluate phase, as a server killed there would."""
-    from fedpers.app import server_fn
-    from fedpers.registry import client_for_message
+    from fedpers.apps.server_app import server_fn
+    from fedpers.registry.methods import client_for_message
 
     run_config = cfg.to_dict()
     components = server_fn(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config=run_config))

@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 import socket
 
-from fedpers.errors import ConfigError, DataError, cut, shown
-from fedpers.schema import Config
+from fedpers.core.errors import ConfigError, DataError, cut, shown
+from fedpers.core.schema import Config
 
 
 def node_identity() -> str:

@@ -10,7 +10,7 @@ This module holds the keys every run has (:data:`CORE_KEYS`: data, split, traini
 mechanics, robustness, deployment) and the machinery (:class:`Key`, :class:`Schema`, :class:`Config`, the
 range checks, YAML reading). Each method declares its own keys next to its math, as ``KEYS`` in
 ``fedpers/algorithms/<method>.py`` (prefixed with the method's name); nothing here knows the methods:
-:mod:`fedpers.config` (registry layer) assembles the run's full table from the registry and adds the
+:mod:`fedpers.registry.config` (registry layer) assembles the run's full table from the registry and adds the
 checks that need it (the method's name, what JDFL can wrap, which methods need Ds).
 """
 
@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
-from fedpers.errors import ConfigError, shown
+from fedpers.core.errors import ConfigError, shown
 
 Value = bool | int | float | str
 ValuesCheck = Callable[[dict], None]  # a check of all values together; raises ConfigError
@@ -120,7 +120,7 @@ def parse_id_list(text: str) -> list[int]:
 
 CORE_KEYS: tuple[Key, ...] = (
     # --- what to run -------------------------------------------------------------------------
-    Key("method", str, "pfedkdh", "federated method (see `fedpers methods`; checked by fedpers.config)"),
+    Key("method", str, "pfedkdh", "federated method (see `fedpers methods`; checked by fedpers.registry.config)"),
     Key("dataset", str, "mnist",
         "digits | mnist | fmnist | cifar10 | cifar100, or a path to a Keras-layout .npz file"),
     Key("data_dir", str, "",
@@ -202,7 +202,7 @@ CORE_KEYS: tuple[Key, ...] = (
         one_of("nan", "noise")),
     # --- a local objective term shared by methods -------------------------------------
     Key("mu", float, 0.01, "proximal weight mu of pFedKDH Eq. 2 and FedProx (ours)", non_negative),
-    # --- deployment: client state on disk, server checkpoint/resume, round timeout (fedpers/deploy.py) ----
+    # --- deployment: client state on disk, server checkpoint/resume, round timeout (fedpers/apps/deploy.py) ----
     Key("client_state_dir", str, "",
         "deployment: each client also writes its persistent state (heads, teachers, ...) atomically to "
         "<dir>/partition-<id>/ and restores it after a restart; '' = in memory only (node config "
@@ -234,7 +234,7 @@ CORE_KEYS: tuple[Key, ...] = (
 class Schema:
     """A table of config keys (no name twice) and the checks of all values together: what
     :meth:`build` validates a config against. The core holds :data:`CORE_KEYS`; the full table of a run
-    (the core's keys, then each method's own ``KEYS``) is assembled by :mod:`fedpers.config`."""
+    (the core's keys, then each method's own ``KEYS``) is assembled by :mod:`fedpers.registry.config`."""
 
     def __init__(self, sections: tuple[tuple[str, tuple[Key, ...]], ...], checks: tuple[ValuesCheck, ...] = ()):
         """``sections``: (owner, keys) pairs in table order, e.g. ``("core", CORE_KEYS)``, ``("fedeagd", ...)``;

@@ -17,13 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from fedpers.errors import ConfigError, DataError
-from fedpers.partition import Partition
+from fedpers.core.errors import ConfigError, DataError
+from fedpers.core.partition import Partition
 
 
 def partitioner_kwargs(text: str) -> dict[str, Any]:
     """The ``flwr_partitioner_args`` mapping (YAML flow or JSON text; '' = none)."""
-    from fedpers.schema import read_yaml_text
+    from fedpers.core.schema import read_yaml_text
 
     if not text.strip():
         return {}

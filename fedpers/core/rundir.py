@@ -17,7 +17,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from fedpers.errors import ConfigError
+from fedpers.core.errors import ConfigError
 
 LOCK_FILE = ".fedpers.lock"
 RESULT_FILES = ("summary.json", "metrics.jsonl")

@@ -49,7 +49,7 @@ def state_bytes_per_client(client_cls: type, model) -> int:
     """Persistent state one client keeps between rounds: its ``persistent_part`` plus the
     ``state_model_copies`` whole-model copies its method declares (EMA teachers, personal models, control
     variates)."""
-    from fedpers.models import parameter_count
+    from fedpers.core.models import parameter_count
 
     part = getattr(client_cls, "persistent_part", None)
     own = parameter_count(model, part) if part else 0

@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from fedpers.errors import ConfigError
-from fedpers.results import read_metrics
+from fedpers.core.errors import ConfigError
+from fedpers.core.results import read_metrics
 
 FORMS = ("order", "delta", "within")
 CLAIM_VALUES = ("final", "best", "last5")

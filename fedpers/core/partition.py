@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedpers.errors import DataError
+from fedpers.core.errors import DataError
 
 MAX_DIRICHLET_DRAWS = 1000
 

@@ -90,7 +90,7 @@ ARRAYS_PREFIX = "arrays:"
 class Contract:
     """What a method's strategy and its client exchange, declared once for both (``contract`` on each
     class; tests/test_layers.py checks they are the same): the part of the model in the broadcast's and
-    the upload's ``model`` section (``all`` | ``backbone`` | ``head``, fedpers.models), and the named
+    the upload's ``model`` section (``all`` | ``backbone`` | ``head``, fedpers.core.models), and the named
     sections of each message, in order."""
 
     download_part: str = "all"

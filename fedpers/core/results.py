@@ -116,7 +116,7 @@ class ResultsWriter:
             wandb_module().teardown()
             self.wandb_run = None
         if history:
-            from fedpers.run_figures import curves_png
+            from fedpers.core.run_figures import curves_png
 
             try:
                 curves_png(history, self.out_dir / "curves.png", ACCURACY_PREFIXES,
@@ -132,7 +132,7 @@ def wandb_module():
     try:
         import wandb
     except ImportError:
-        from fedpers.errors import ConfigError
+        from fedpers.core.errors import ConfigError
 
         raise ConfigError("config key 'wandb': needs the wandb package: pip install 'fedpers[wandb]'") from None
     return wandb

@@ -23,11 +23,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedpers.data import Dataset, default_data_dir, load_dataset, save_npz_quietly
-from fedpers.errors import DataError
-from fedpers.partition import Partition, hold_out_validation, load_partition, make_partition
-from fedpers.schema import Config
-from fedpers.seeds import VALIDATION_SPLIT, derived_seed
+from fedpers.core.data import Dataset, default_data_dir, load_dataset, save_npz_quietly
+from fedpers.core.errors import DataError
+from fedpers.core.partition import Partition, hold_out_validation, load_partition, make_partition
+from fedpers.core.schema import Config
+from fedpers.core.seeds import VALIDATION_SPLIT, derived_seed
 
 # Config keys that determine the data and the split (nothing else may change them).
 DATA_KEYS = ("dataset", "data_dir", "partition", "partition_file", "alpha", "classes_per_client",
@@ -164,7 +164,7 @@ class Federation:
 
     def client_domains(self) -> list[int] | None:
         """True domain of each client (majority domain of its train split; None without domain ids)."""
-        from fedpers.domains import client_domains
+        from fedpers.core.domains import client_domains
 
         return client_domains(self.dataset, self.partition)
 
@@ -181,14 +181,14 @@ def _federation(dataset: str, data_dir: str, partition: str, partition_file: str
             raise DataError(f"num_clients={num_clients} but partition file {partition_file} has "
                             f"{split.num_clients} clients")
     elif partition == "flwr":  # a flwr-datasets partitioner (optional extra)
-        from fedpers.flwr_partition import flwr_partition
+        from fedpers.core.flwr_partition import flwr_partition
 
         split = flwr_partition(np.concatenate([data.y_train, data.y_test]), len(data.y_train),
                                num_clients=num_clients, partitioner=flwr_partitioner,
                                arguments=flwr_partitioner_args, aux_size=aux_size, seed=seed,
                                test_fraction=flwr_test_fraction)
-    elif partition == "domain":  # feature skew: one domain per client (fedpers/domains.py)
-        from fedpers.domains import domain_partition
+    elif partition == "domain":  # feature skew: one domain per client (fedpers/core/domains.py)
+        from fedpers.core.domains import domain_partition
 
         split = domain_partition(data.y_train, data.y_test, data.d_train, data.d_test, num_clients=num_clients,
                                  aux_size=aux_size, seed=seed, num_classes=data.num_classes)

@@ -1,15 +1,15 @@
 """Server checkpoint and resume.
 
 After every finished round the strategy (``FedPersStrategy.state_dict``) is written to
-``<checkpoint_dir>/server_checkpoint.npz`` atomically (``fedpers.state_store.atomic_save_npz``): the
+``<checkpoint_dir>/server_checkpoint.npz`` atomically (``fedpers.core.state_store.atomic_save_npz``): the
 global model's ``state_dict`` (all parameters and buffers), the method's own server state
 (``extra_state``), the round, the history of round records, byte totals, the last-fit state digests, the
 elapsed wall time and torch's global RNG state. Client sampling and all training are seeded per round
 (``seed``, round), so nothing else is needed to continue.
 
-``resume: true`` makes ``fedpers.app.server_fn`` load the checkpoint into the strategy, rewrite
+``resume: true`` makes ``fedpers.apps.server_app.server_fn`` load the checkpoint into the strategy, rewrite
 ``metrics.jsonl`` with the finished rounds and start Flower's round loop at the next round
-(:class:`fedpers.flower_internals.ResumableServer`). A checkpoint of another experiment (different config fingerprint) is refused
+(:class:`fedpers.apps.flower_internals.ResumableServer`). A checkpoint of another experiment (different config fingerprint) is refused
 with a clear error.
 """
 
@@ -21,9 +21,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from fedpers.errors import FedpersError
-from fedpers.schema import Config
-from fedpers.state_store import FORMAT_VERSION, MECHANICS_KEYS, atomic_save_npz, config_fingerprint, load_npz
+from fedpers.core.errors import FedpersError
+from fedpers.core.schema import Config
+from fedpers.core.state_store import FORMAT_VERSION, MECHANICS_KEYS, atomic_save_npz, config_fingerprint, load_npz
 
 CHECKPOINT_FILE = "server_checkpoint.npz"
 MODEL_PREFIX = "model/"
@@ -77,6 +77,6 @@ def load_checkpoint(checkpoint_dir: str | os.PathLike, config: Config | None = N
 
 
 def _json_safe(value: Any) -> Any:
-    from fedpers.results import _clean  # NaN/Inf -> null, numpy scalars -> Python
+    from fedpers.core.results import _clean  # NaN/Inf -> null, numpy scalars -> Python
 
     return _clean(value)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedpers.errors import ClientUpdateError, DataError
+from fedpers.core.errors import ClientUpdateError, DataError
 
 Part = Literal["backbone", "head", "residual", "personal", "all"]
 ModelKind = Literal["cnn", "se_cnn", "gn_cnn"]

@@ -32,9 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fedpers.errors import ConfigError, shown
-from fedpers.results import VALIDATION_PREFIX, read_metrics
-from fedpers.sweep import MethodEntry, PlannedRun, Sweep, dataset_tag, read_plan
+from fedpers.core.errors import ConfigError, shown
+from fedpers.core.results import VALIDATION_PREFIX, read_metrics
+from fedpers.apps.sweep import MethodEntry, PlannedRun, Sweep, dataset_tag, read_plan
 
 
 def _runs_for(entry: MethodEntry, dataset: str, alpha: float, runs: list[PlannedRun]) -> list[PlannedRun]:
@@ -216,7 +216,7 @@ def write_splits(sweep: Sweep, cells: dict, out: Path) -> list[Path]:
     drawn from the first finished run of a dataset, alpha and seed. A row whose runs split the data otherwise
     (e.g. it sets ``aux_size``, which removes the server's set from the clients first) gets its own figure,
     ``split_<dataset>_a<alpha>_seed<s>_<row's run key>.png``."""
-    from fedpers.run_figures import label_distribution_png
+    from fedpers.core.run_figures import label_distribution_png
 
     paths = []
     for d, a in _columns(sweep):
@@ -360,8 +360,8 @@ def versus_text(sweep: Sweep, runs: list[PlannedRun], reference: str) -> str:
 
 
 def write_study_claims(sweep: Sweep, runs: list[PlannedRun], out: Path) -> list[Path]:
-    """``claims.md`` / ``claims.json``: the verdict of each claim the study declares (fedpers/claims.py)."""
-    from fedpers.claims import judge, parse_claims, row_runs, write_claims
+    """``claims.md`` / ``claims.json``: the verdict of each claim the study declares (fedpers/apps/claims.py)."""
+    from fedpers.apps.claims import judge, parse_claims, row_runs, write_claims
 
     labels = [m.label for m in sweep.methods]
     claims = parse_claims(sweep.claims, labels, sweep.columns, sweep.paper, f"{out}/sweep.json")

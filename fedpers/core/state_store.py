@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from fedpers.schema import Config
+from fedpers.core.schema import Config
 
 META_KEY = "__meta__"
 FORMAT_VERSION = 1

@@ -1,13 +1,13 @@
 """Feature-skew (multi-domain) data: the domain partitioner (the multi-domain datasets are loaded by
-:mod:`fedpers.data`).
+:mod:`fedpers.core.data`).
 
 * PACS (``pacs.npz``: photo, art_painting, cartoon, sketch; 7 classes) needs no loader of its own: any
   Keras-layout ``.npz`` with ``d_train``/``d_test`` (and ``domain_names``) is read by
-  :func:`fedpers.data.load_npz` with its domain ids (``dataset: ../shared/data/pacs.npz``).
-* ``mnist_usps`` (:func:`fedpers.data.load_mnist_usps`): MNIST (28x28) and USPS (16x16) resized to one common shape (``DIGITS_SIZE``, bilinear)
+  :func:`fedpers.core.data.load_npz` with its domain ids (``dataset: ../shared/data/pacs.npz``).
+* ``mnist_usps`` (:func:`fedpers.core.data.load_mnist_usps`): MNIST (28x28) and USPS (16x16) resized to one common shape (``DIGITS_SIZE``, bilinear)
   as a two-domain digits set (domain 0 = MNIST, 1 = USPS); read from ``data_dir`` (``mnist.npz``,
   ``usps.npz``).
-* ``digits_domains`` (:func:`fedpers.data.load_digits_domains`): scikit-learn's 8x8 digits as a tiny two-domain set for tests: every image appears
+* ``digits_domains`` (:func:`fedpers.core.data.load_digits_domains`): scikit-learn's 8x8 digits as a tiny two-domain set for tests: every image appears
   once, either as is (domain 0) or inverted (``255 - x``, domain 1), alternating by a seeded shuffle.
 
 :func:`domain_partition` gives each client one domain (JDFL paper Sec. 5.1): client ``k`` holds domain
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedpers.errors import DataError
+from fedpers.core.errors import DataError
 
 
 def domain_client_map(num_domains: int, num_clients: int) -> list[int]:
@@ -36,7 +36,7 @@ def domain_partition(y_train: np.ndarray, y_test: np.ndarray, d_train: np.ndarra
     of a domain share its remaining train samples and its test samples evenly, class by class (so a
     client's test split is held-out data of its own domain and the union of client test splits is the
     whole test set). The server's Ds (``aux_size``) is drawn uniformly from the train split first."""
-    from fedpers.partition import Partition, split_by_proportions
+    from fedpers.core.partition import Partition, split_by_proportions
 
     if d_train is None or d_test is None:
         raise DataError("partition 'domain' needs a dataset with domain ids (d_train/d_test), e.g. pacs.npz, "

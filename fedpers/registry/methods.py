@@ -1,7 +1,7 @@
 """The one registry of methods (registry layer): name -> server Strategy class and client NumPyClient class.
 
 Classes and key tables are named by import path: reading the registry imports no method, and a config
-is validated against the methods' keys (``fedpers/algorithms/<method>.py:KEYS``, see :mod:`fedpers.config`)
+is validated against the methods' keys (``fedpers/algorithms/<method>.py:KEYS``, see :mod:`fedpers.registry.config`)
 without importing Flower, a strategy or a client (the math modules import torch). A new method is one
 entry here plus its files in ``strategies/``, ``clients/`` and ``fedpers/algorithms/`` (see "Adding a
 method" in CONTRIBUTING.md).
@@ -22,7 +22,7 @@ class MethodSpec:
     name: str
     strategy: str  # "module:Class" of the server Strategy
     client: str  # "module:Class" of the NumPyClient
-    keys: str = ""  # "module:NAME" of the method's own config keys (a tuple of fedpers.schema.Key); "" = none
+    keys: str = ""  # "module:NAME" of the method's own config keys (a tuple of fedpers.core.schema.Key); "" = none
     needs_aux: bool = False  # uses the server's labelled auxiliary set Ds
     paper: str = ""
 
@@ -178,10 +178,10 @@ def model_kind_of(cfg) -> str:
 
 
 def federation_for(cfg):
-    """The run's Federation (:func:`fedpers.federation.get_federation`), checked to hold the auxiliary set
+    """The run's Federation (:func:`fedpers.core.federation.get_federation`), checked to hold the auxiliary set
     Ds when the method needs one (a partition file may leave none)."""
-    from fedpers.errors import DataError
-    from fedpers.federation import get_federation
+    from fedpers.core.errors import DataError
+    from fedpers.core.federation import get_federation
 
     fed = get_federation(cfg)
     if get_method(cfg.method).needs_aux and len(fed.partition.aux) == 0:

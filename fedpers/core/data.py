@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedpers.errors import DataError
+from fedpers.core.errors import DataError
 
 NAMED_DATASETS = ("digits", "mnist", "fmnist", "cifar10", "cifar100")
 DOMAIN_DATASETS = ("mnist_usps", "digits_domains")
@@ -229,7 +229,7 @@ def digits_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
 def save_npz_quietly(path: Path, mode: int, **arrays: np.ndarray) -> None:
     """Write ``arrays`` to ``path`` (file mode ``mode``) atomically, a temp file renamed, or not at all if
     that fails: a cache must never leave a half-written file for another process to read."""
-    from fedpers.state_store import atomic_save_npz
+    from fedpers.core.state_store import atomic_save_npz
 
     try:
         atomic_save_npz(path, arrays, mode=mode)
@@ -307,7 +307,7 @@ def load_dataset(dataset: str, data_dir: str = "") -> Dataset:
     return load_npz(where)
 
 
-# --- multi-domain datasets (feature skew; split by fedpers/domains.py) ---------------------------------
+# --- multi-domain datasets (feature skew; split by fedpers/core/domains.py) ---------------------------------
 def resize_images(x: np.ndarray, size: int) -> np.ndarray:
     """Bilinear resize of uint8 (N, H, W) images to (N, size, size), uint8."""
     import torch

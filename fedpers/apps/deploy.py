@@ -10,7 +10,7 @@
 num-partitions=N``), submits the experiment with ``flwr run`` (a SuperLink connection with the CA as
 root certificate, in a private ``FLWR_HOME`` under the output directory), waits for the run to end and
 stops every process it started, by process group (also on error and Ctrl-C). The ServerApp and
-ClientApps are the same ``fedpers.app`` objects as in simulation; results are the same
+ClientApps are the same ``fedpers.apps.server_app`` objects as in simulation; results are the same
 ``metrics.jsonl``/``summary.json``.
 
 Transport: Flower 1.42's SuperNode speaks only the Fleet API over HTTPS (protobuf over HTTP/1.1, served
@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from fedpers.errors import FedpersError
-from fedpers.processes import descendants, signal_pids
+from fedpers.core.errors import FedpersError
+from fedpers.apps.processes import descendants, signal_pids
 
 FEDERATION = "fedpers"  # name of the SuperLink connection in the private FLWR_HOME
 FLWR_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
@@ -50,7 +50,7 @@ FLWR_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INST
             # afford 0.1 s, and each message starts sooner by the difference.
             "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}
 SUPEREXEC_SECRET = "superexec.secret"
-PROXY_TEMPLATE = Path(__file__).resolve().parent.parent / "deploy" / "nginx" / "fleet-proxy.conf.template"
+PROXY_TEMPLATE = Path(__file__).resolve().parents[2] / "deploy" / "nginx" / "fleet-proxy.conf.template"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -527,7 +527,7 @@ class LocalDeployment:
 
     def submit(self, cfg) -> Proc:
         """``flwr run`` of ``cfg`` (streamed to a log); returns the running ``flwr run`` process."""
-        from fedpers.simulation import write_app_dir
+        from fedpers.apps.simulation import write_app_dir
 
         self._runs += 1
         app = write_app_dir(cfg, self.root / f"app-{self._runs}")
@@ -538,7 +538,7 @@ class LocalDeployment:
 
     def wait(self, run: Proc, cfg, timeout: float) -> dict:
         """Wait for a submitted run to end; return its summary, or raise with the run's error line."""
-        from fedpers.results import read_summary
+        from fedpers.core.results import read_summary
 
         end = time.monotonic() + timeout
         while run.alive() and time.monotonic() < end:
@@ -609,7 +609,7 @@ def deploy_local(cfg, clients: int, out: str | os.PathLike, isolation: str = "su
 
 
 def _raise_interrupt(signum, frame) -> None:
-    from fedpers.errors import Interrupted
+    from fedpers.core.errors import Interrupted
 
     raise Interrupted(signum)
 

@@ -32,9 +32,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from fedpers.config import build_config, read_config_file
-from fedpers.data import find_dataset
-from fedpers.errors import ConfigError, FedpersError, shown
+from fedpers.registry.config import build_config, read_config_file
+from fedpers.core.data import find_dataset
+from fedpers.core.errors import ConfigError, FedpersError, shown
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class Sweep:
     ablation: bool = False
     # the paper's numbers, for the report's side-by-side columns: label -> {"<dataset>_a<alpha>": accuracy %}
     paper: dict[str, dict[str, float]] = field(default_factory=dict)
-    # the paper's claims in checkable form (fedpers/claims.py), as written in the study file
+    # the paper's claims in checkable form (fedpers/apps/claims.py), as written in the study file
     claims: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -167,7 +167,7 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, datasets: list[s
         else:
             raise ConfigError(f"sweep {p}: a method entry must be a name or a mapping with 'method', got "
                               f"{shown(item)}")
-    from fedpers.config import coerce_value, full_schema, parse_set_arguments
+    from fedpers.registry.config import coerce_value, full_schema, parse_set_arguments
 
     known = full_schema().by_name  # --set values are text: stored with the key's type, as the file's are
     base = {**_keys(raw.get("base"), "base", p),
@@ -179,7 +179,7 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, datasets: list[s
     labels = [m.label for m in sweep.methods]
     if len(set(labels)) != len(labels):
         raise ConfigError(f"sweep {p}: method labels must be unique, got {labels}")
-    from fedpers.claims import parse_claims
+    from fedpers.apps.claims import parse_claims
 
     parse_claims(raw.get("claims"), labels, sweep.columns, sweep.paper, f"sweep {p}")
     for run in plan(sweep, "/tmp/fedpers-sweep-check"):
@@ -191,7 +191,7 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, datasets: list[s
 
 
 def check_datasets(sweep: Sweep, path: str | Path) -> None:
-    """Every run's dataset can be found (:func:`fedpers.data.find_dataset`: a name that is no dataset, a
+    """Every run's dataset can be found (:func:`fedpers.core.data.find_dataset`: a name that is no dataset, a
     missing file or ``data_dir``), before the first run starts: a typo in the last dataset of the list
     would otherwise be found after the runs of the others. Not part of :func:`load_sweep`: a sweep's
     report and its file's validity need no data on this machine."""
@@ -313,7 +313,7 @@ def job_environments(jobs: int) -> list[dict[str, str]]:
 
 def resumable(run_dir: str | Path) -> dict[str, Any]:
     """Keys that make a sweep run resumable within itself: the server checkpoint after every round and the
-    clients' persistent state on disk (versioned by round, see ``fedpers.state_store``), both in the run's
+    clients' persistent state on disk (versioned by round, see ``fedpers.core.state_store``), both in the run's
     directory; an interrupted run continues after its last finished round when the sweep is started again."""
     run_dir = Path(run_dir)
     return {"checkpoint_dir": str(run_dir / "checkpoint"), "client_state_dir": str(run_dir / "client_state"),
@@ -325,7 +325,7 @@ def run_command(sweep: Sweep, run: PlannedRun, *, tensorboard: bool = False) -> 
     exactly this value: no character (a '#' in a path, a ': ', quotes) can change its meaning or its type.
     A key that the sweep's ``base`` gives every row goes with ``--shared``, the others with ``--set``: the
     run warns about another method's keys only when they were given for its own row."""
-    cmd = [sys.executable, "-m", "fedpers.cli", "run"]
+    cmd = [sys.executable, "-m", "fedpers", "run"]
     for key, value in {**run.overrides, **resumable(run.run_dir), "tensorboard": tensorboard}.items():
         option = "--shared" if key in sweep.base and sweep.base[key] == value else "--set"
         cmd += [option, f"{key}={json.dumps(value)}"]

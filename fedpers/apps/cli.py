@@ -1,0 +1,487 @@
+"""``fedpers`` command line.
+
+    fedpers run CONFIG.yaml [--set key=value ...] [--out DIR]   one experiment in Flower's Ray simulation
+    fedpers config [CONFIG.yaml] [--set key=value ...]          print the resolved, validated config
+    fedpers methods                                             list the registered methods
+    fedpers sweep SWEEP.yaml --out DIR                          methods x datasets x alpha x seeds, resumable
+    fedpers report DIR                                          table.md/.csv and PNG figures of a sweep
+    fedpers deploy local --clients N [CONFIG.yaml] [--set ...] --out DIR   SuperLink + N SuperNodes, TLS
+
+Bad input (unknown key, wrong type, missing data file, impossible split) prints one line
+``fedpers: error: ...`` and exits with code 2, before any training starts; a failure of the simulation
+engine itself prints one line and exits with code 1. Ctrl-C ends a command with exit code 130, SIGTERM
+(``kill``, Slurm, docker) the same way with 143.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+import yaml
+
+from fedpers.registry.config import Config, full_schema, load_config
+from fedpers.core.errors import EngineError, FedpersError, Interrupted, cut
+from fedpers.apps.processes import kill_own_tree, own_tree  # no import inside the signal handler
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fedpers", description="Personalized federated learning on Flower.")
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run one experiment in Flower's Ray simulation engine")
+    run.add_argument("config", nargs="?", help="YAML file of config keys (default: schema defaults)")
+    run.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a config key (repeatable)")
+    run.add_argument("--shared", action="append", default=[], metavar="KEY=VALUE",
+                     help="as --set, applied first, for a key shared by runs of several methods (what a sweep "
+                          "passes from its base): no warning when this run's method ignores it")
+    run.add_argument("--out", help="output directory (same as --set out_dir=DIR)")
+    run.add_argument("--overwrite", action="store_true",
+                     help="replace the run already in --out (without it such a directory is refused)")
+    run.add_argument("--verbose", action="store_true", help="show Flower's and Ray's logs")
+    run.add_argument("--tensorboard", action="store_true", help="also write TensorBoard events to OUT/tensorboard")
+    sweep = sub.add_parser("sweep", help="run methods x datasets x alpha x seeds (resumable)")
+    sweep.add_argument("sweep", help="sweep YAML file (see fedpers/apps/sweep.py)")
+    sweep.add_argument("--out", required=True, help="sweep directory")
+    sweep.add_argument("--tensorboard", action="store_true", help="TensorBoard events for every run")
+    sweep.add_argument("--dry-run", action="store_true", help="validate and list the runs, run nothing")
+    sweep.add_argument("--report-only", action="store_true",
+                       help="write sweep.json from the file (rows, paper numbers, claims) and the report of the "
+                            "runs already finished in --out; run nothing")
+    sweep.add_argument("--jobs", type=int, default=1,
+                       help="runs at a time (default 1): one per GPU with CUDA_VISIBLE_DEVICES, else sharing the CPUs")
+    sweep.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a key of the sweep's base config for every run (repeatable)")
+    sweep.add_argument("--datasets", nargs="+", help="replace the sweep's dataset list")
+    rep = sub.add_parser("report", help="paper-style table.md/table.csv and PNG figures of a sweep")
+    rep.add_argument("dir", help="a `fedpers sweep` output directory")
+    rep.add_argument("--value", choices=("final", "best", "last5"), default="final",
+                     help="final round (default), best evaluated round, or mean of the last 5 evaluated rounds")
+    rep.add_argument("--metric", help="one accuracy for every row, e.g. personalized_weighted_acc or global_acc")
+    rep.add_argument("--versus", metavar="LABEL", action="append",
+                     help="also write versus.md: every row against row LABEL, paired over the clients of a split "
+                          "(repeatable: one section per LABEL)")
+    show = sub.add_parser("config", help="print the resolved config")
+    show.add_argument("config", nargs="?")
+    show.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    show.add_argument("--shared", action="append", default=[], metavar="KEY=VALUE", help="as on `fedpers run`")
+    show.add_argument("--keys", action="store_true", help="list every key with its help text")
+    sub.add_parser("methods", help="list the registered methods")
+    schema = sub.add_parser("schema", help="the pyproject.toml run-config table generated from the config schema")
+    schema.add_argument("--write-pyproject", action="store_true", help="rewrite [tool.flwr.app.config] in pyproject.toml")
+    schema.add_argument("--check", action="store_true", help="exit 1 when pyproject.toml's table is not the generated one")
+    deploy = sub.add_parser("deploy", help="real Flower deployment: SuperLink + SuperNodes (TLS, node auth)")
+    dsub = deploy.add_subparsers(dest="deploy_command", required=True)
+    local = dsub.add_parser("local", help="run one experiment on a SuperLink and N SuperNodes on 127.0.0.1")
+    local.add_argument("config", nargs="?", help="YAML file of config keys (default: schema defaults)")
+    local.add_argument("--clients", type=int, required=True, help="number of SuperNodes (= num_clients)")
+    local.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    local.add_argument("--out", required=True, help="output directory (results, logs, keys, state)")
+    local.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
+    local.add_argument("--isolation", choices=("subprocess", "process"), default="subprocess",
+                       help="ClientApp isolation of the SuperNodes (default: subprocess)")
+    local.add_argument("--timeout", type=float, default=3600.0, help="seconds the run may take (default 3600)")
+    certs = dsub.add_parser("certs", help="make a CA, a SuperLink certificate and SuperNode keys")
+    certs.add_argument("--out", required=True, help="directory for ca.crt, server.pem/.key, supernode-<i>.key(.pub), "
+                       "superexec.secret")
+    certs.add_argument("--nodes", type=int, default=3, help="number of SuperNode key pairs")
+    certs.add_argument("--force", action="store_true", help="replace a CA already in --out")
+    certs.add_argument("--host", dest="hosts", action="append", default=[],
+                       help="DNS name or IP the SuperLink and its Fleet proxy are reached at (repeatable; "
+                            "default fleet-proxy, superlink, localhost, 127.0.0.1)")
+    return p
+
+
+def resolve(args: argparse.Namespace) -> Config:
+    """Defaults <- --shared <- YAML <- --set <- --out, validated; warns about keys the method ignores."""
+    extra = {"out_dir": args.out} if getattr(args, "out", None) is not None else {}  # --out "" is refused
+    if getattr(args, "tensorboard", False):
+        extra["tensorboard"] = True
+    if getattr(args, "overwrite", False):
+        extra["overwrite"] = True
+    cfg = load_config(args.config, args.sets, shared=getattr(args, "shared", []), **extra)
+    warn_ignored_keys(cfg, args.config, args.sets)
+    return cfg
+
+
+def warn_ignored_keys(cfg: Config, path: str | None, sets: list[str]) -> None:
+    """One warning line naming the keys of the run's own config file and ``--set`` that its method ignores
+    (another method's keys, an extension's that is off): such a run is not the experiment its command
+    reads as. A sweep passes its shared base with ``--shared``, which is not looked at here."""
+    from fedpers.registry.config import ignored_keys, load_yaml, parse_set_arguments
+
+    given = {**(load_yaml(path) if path else {}), **parse_set_arguments(sets)}
+    ignored = ignored_keys(cfg, given)
+    if ignored:
+        print(f"fedpers: warning: method {cfg.method} ignores {', '.join(ignored)}", file=sys.stderr, flush=True)
+
+
+def preflight(cfg: Config, *, simulation: bool = True) -> None:
+    """Everything that can fail on bad input, done before Ray starts: device, data, partition, out dir and,
+    for a simulation, memory."""
+    from fedpers.apps.server_app import check_run_dir
+    from fedpers.registry.methods import federation_for
+    from fedpers.core.training import resolve_device
+
+    resolve_device(cfg.device)
+    if simulation and not cfg.ray_address:
+        check_client_resources(cfg)
+    if cfg.wandb != "off":
+        from fedpers.core.results import wandb_module
+
+        wandb_module()  # the optional extra is there, before the engine starts
+    check_run_dir(cfg)
+    fed = federation_for(cfg)
+    if cfg.ray_address:
+        from fedpers.core.cluster import check_data_on_nodes
+
+        nodes = check_data_on_nodes(cfg)
+        print(f"fedpers | Ray cluster {cfg.ray_address}: {nodes} nodes can read the data", flush=True)
+    if simulation:
+        check_memory(cfg, fed)
+    sizes = [len(t) for t in fed.partition.train]
+    print(f"fedpers | {cfg.method} on {fed.dataset.name}: {fed.num_clients} clients "
+          f"({min(sizes)}-{max(sizes)} train samples each), |Ds|={len(fed.partition.aux)}, "
+          f"{cfg.rounds} rounds, results -> {cfg.out_dir}", flush=True)
+
+
+def check_client_resources(cfg: Config) -> None:
+    """Refuse ``client_cpus`` / ``client_gpus`` that this machine does not have: Ray would start, place no
+    client actor ("ActorPool is empty") and the run would hang instead of failing."""
+    import torch
+
+    cpus = os.cpu_count() or 1
+    if cfg.client_cpus > cpus:
+        raise FedpersError(f"config key 'client_cpus': {cfg.client_cpus:g} CPUs per client, but this machine has "
+                           f"{cpus}: no client could be placed (at most {cpus})")
+    gpus = torch.cuda.device_count() if cfg.client_gpus > 0 else 0
+    if cfg.client_gpus > gpus:
+        have = "no CUDA GPU" if gpus == 0 else f"{gpus} GPU{'s' if gpus > 1 else ''}"
+        raise FedpersError(f"config key 'client_gpus': {cfg.client_gpus:g} GPUs per client, but this machine has "
+                           f"{have}: no client could be placed (client_gpus=0 trains on the CPUs)")
+
+
+def check_memory(cfg: Config, fed) -> None:
+    """Print the run's memory estimate; refuse a run that cannot fit in the host's (or GPU's) free memory."""
+    from fedpers.apps.memory import available_host_bytes, estimate
+    from fedpers.core.models import build_model
+    from fedpers.registry.methods import client_class_for, model_kind_of
+
+    if cfg.ray_address:  # another cluster's machines: nothing to compare with here
+        return
+    model = build_model(fed.input_shape, fed.num_classes, feature_dim=cfg.feature_dim, dropout=cfg.dropout,
+                        kind=model_kind_of(cfg))
+    need = estimate(cfg, fed, client_class_for(cfg), model)
+    print(f"fedpers | {need.line()}", flush=True)
+    free = available_host_bytes()
+    if free is not None and need.host > free:
+        raise FedpersError(f"the run needs about {need.host / 2**30:.1f} GiB of host memory but {free / 2**30:.1f} "
+                           f"GiB are available: fewer client actors (raise client_cpus), client_state_spill=true, "
+                           f"or fewer clients")
+    if need.gpu:
+        import torch
+
+        gpu_free = torch.cuda.mem_get_info()[0]
+        if need.gpu > gpu_free:
+            raise FedpersError(f"the run needs about {need.gpu / 2**30:.1f} GiB of GPU memory but "
+                               f"{gpu_free / 2**30:.1f} GiB are free: raise client_gpus (fewer actors per GPU)")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run one experiment and print where its results are."""
+    cfg = resolve(args)
+    preflight(cfg)
+    from fedpers.core.results import read_summary
+    from fedpers.apps.simulation import run_simulation
+
+    from fedpers.core.rundir import RunLock
+
+    t0 = time.perf_counter()
+    with RunLock(cfg.out_dir):
+        try:
+            run_simulation(cfg, verbose=args.verbose)
+        except FedpersError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever the engine raises ends the command in one line
+            raise EngineError(f"the simulation engine failed ({_root_cause(exc)}); finished rounds are in "
+                              f"{cfg.out_dir}/metrics.jsonl, --verbose shows Flower's and Ray's logs") from None
+    try:
+        summary = read_summary(cfg.out_dir)
+    except FileNotFoundError:
+        raise FedpersError(f"the run ended without writing {cfg.out_dir}/summary.json (see the log above)") from None
+    metric = summary["metric"]
+    print(f"fedpers | done in {time.perf_counter() - t0:.1f} s: final {metric} = "
+          f"{summary['final'].get(metric)} | {cfg.out_dir}/metrics.jsonl, {cfg.out_dir}/summary.json", flush=True)
+    return 0
+
+
+def _root_cause(exc: BaseException) -> str:
+    """``Type: message`` of the innermost cause of ``exc`` (Flower wraps the engine's errors in a
+    RuntimeError saying only that the simulation ended), cut for an error line."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {cut(text[0])}" if text else type(exc).__name__
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    """Print the resolved config (or the key list)."""
+    if args.keys:
+        schema = full_schema()
+        for k in schema.keys:
+            print(f"{k.name:24s} {schema.owner_of[k.name]:9s} {k.type.__name__:6s} default={k.default!r:18s} {k.help}")
+        return 0
+    print(yaml.safe_dump(resolve(args).to_dict(), sort_keys=False), end="")
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """Run a sweep (skipping finished runs), then write its report."""
+    from fedpers.apps.report import report
+    from fedpers.apps.sweep import load_sweep, plan, run_sweep
+
+    if not args.out.strip():
+        raise FedpersError("--out must name a directory, not be empty")
+    sweep = load_sweep(args.sweep, args.sets, args.datasets)
+    if not args.report_only:
+        from fedpers.apps.sweep import check_datasets
+
+        check_datasets(sweep, args.sweep)
+    if args.dry_run:
+        for run in plan(sweep, args.out):
+            print(run.run_dir)
+        return 0
+    from fedpers.core.rundir import RunLock
+    from fedpers.apps.sweep import write_plan
+
+    with RunLock(args.out):  # a second sweep on the same directory would run the same runs twice
+        if args.report_only:
+            write_plan(sweep, args.out)
+            failed = []
+        else:
+            failed = run_sweep(sweep, args.out, tensorboard=args.tensorboard, jobs=args.jobs)
+    for path in report(args.out):
+        print(f"sweep | wrote {path}")
+    return 1 if failed else 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Table and figures of a sweep directory."""
+    from fedpers.apps.report import report
+
+    for path in report(args.dir, value=args.value, metric=args.metric, versus=args.versus):
+        print(f"report | wrote {path}")
+    return 0
+
+
+def cmd_methods(_: argparse.Namespace) -> int:
+    """List the registry."""
+    from fedpers.registry.methods import METHODS
+
+    for spec in METHODS.values():
+        print(f"{spec.name:10s} metric={spec.metric:24s} {spec.paper}")
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    """Print, write (``--write-pyproject``) or check (``--check``) the generated run-config table."""
+    from fedpers.apps.run_config_table import ROOT, pyproject_in_sync, run_config_table, write_pyproject
+
+    if args.write_pyproject:
+        changed = write_pyproject()
+        print(f"fedpers | {ROOT / 'pyproject.toml'}: run-config table {'rewritten' if changed else 'already up to date'}")
+        return 0
+    if args.check:
+        if pyproject_in_sync():
+            return 0
+        print("fedpers: pyproject.toml's [tool.flwr.app.config] is not the generated table: run "
+              "`fedpers schema --write-pyproject`", file=sys.stderr)
+        return 1
+    print(run_config_table(), end="")
+    return 0
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    """``deploy local``: one experiment on a loopback deployment; ``deploy certs``: TLS material and keys."""
+    from fedpers.apps import deploy
+
+    if args.deploy_command == "certs":
+        pki = deploy.make_certs(args.out, args.nodes, args.hosts or ["fleet-proxy", "superlink", "localhost", "127.0.0.1"],
+                                force=args.force)
+        print(f"fedpers | CA {pki.ca_cert}, SuperLink certificate {pki.server_cert}, "
+              f"{len(pki.node_keys)} SuperNode keys in {pki.dir}")
+        return 0
+    if args.clients < 1:
+        raise FedpersError("--clients must be >= 1")
+    cfg = load_config(args.config, args.sets + [f"num_clients={args.clients}"], out_dir=args.out,
+                      **({"overwrite": True} if args.overwrite else {}))
+    warn_ignored_keys(cfg, args.config, args.sets)
+    preflight(cfg, simulation=False)
+    t0 = time.perf_counter()
+    summary = deploy.deploy_local(cfg, args.clients, args.out, isolation=args.isolation, timeout=args.timeout)
+    metric = summary["metric"]
+    print(f"fedpers | deploy done in {time.perf_counter() - t0:.1f} s: final {metric} = "
+          f"{summary['final'].get(metric)} | {args.out}/metrics.jsonl, {args.out}/summary.json", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``fedpers`` script."""
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    args = _parser().parse_args(argv)
+    handler = {"run": cmd_run, "config": cmd_config, "methods": cmd_methods, "sweep": cmd_sweep, "report": cmd_report,
+               "schema": cmd_schema, "deploy": cmd_deploy}[args.command]
+    # only where the signal has its default action: a SIGINT ignored by the shell (a background job) stays so
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupt)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _interrupt)
+    _forward_signals_to_main_thread()
+    global _ray_before_command
+    _ray_before_command = "ray" in sys.modules
+    try:
+        return handler(args)
+    except FedpersError as exc:
+        print(f"fedpers: error: {exc}", file=sys.stderr, flush=True)
+        # the engine's threads may still wait for replies: do not join them
+        if _simulating() or isinstance(exc, EngineError):
+            exit_now(exc.exit_code)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        _say_interrupted()
+        exit_now(_exit_code)
+    return _exit_code  # not reached
+
+
+# After Ctrl-C, this long for the run to unwind (Flower stops its Ray actors, Ray shuts down) before the
+# command ends anyway (ours): nothing on that path has a timeout (Flower's engine calls ray.shutdown()),
+# and on one CI machine the exit took 48.5 s where it takes 1.5 s here.
+INTERRUPT_GRACE_S = 10.0
+# The exit code and the word of each signal that ends a command: the shell's 128 + signal number.
+SIGNAL_EXITS = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "terminated")}
+_interrupted = False
+_said_interrupted = False
+_exit_code, _ended_word = SIGNAL_EXITS[signal.SIGINT]
+# The processes this command had started when the signal came (pid -> start time): Flower's engine stops
+# Ray as the interrupt unwinds, and Ray's shutdown stops the raylet first, which leaves its workers (a
+# client actor in the middle of a fit) to init, no longer in this process's tree; they are ended too.
+_tree_at_signal: dict[int, str | None] = {}
+# Whether Ray was imported before this command began: only a command that imported it itself ran a
+# simulation whose threads may hang the exit. (A process that calls main() more than once, a test suite,
+# may hold Ray from earlier: ending it with os._exit on a refused input would end that process.)
+_ray_before_command = False
+
+
+def _simulating() -> bool:
+    """Whether this command has started Flower's simulation engine (it imported Ray)."""
+    return "ray" in sys.modules and not _ray_before_command
+
+
+def _interrupt(signum, frame) -> None:
+    """Ctrl-C or SIGTERM: silence Flower's logger, make sure a simulation ends within
+    :data:`INTERRUPT_GRACE_S`, then stop the way Python does on Ctrl-C (a KeyboardInterrupt, here
+    :class:`fedpers.core.errors.Interrupted` naming the signal); the command exits with 130 or 143.
+
+    SIGTERM (what ``kill``, Slurm and docker send) takes the same path as Ctrl-C: its default action would
+    end the process without unwinding, and Ray's own handler dumps its stacks. Flower's simulation engine
+    stops its Ray actors as the interrupt unwinds through it, and its worker threads log every message the
+    stopped actors drop with a full traceback. The run is ending on purpose and says so in one line
+    (``fedpers: interrupted`` / ``fedpers: terminated``). In a simulation a second signal (a sweep's run
+    gets the terminal's Ctrl-C and then the sweep's) changes nothing: the first one's deadline and exit code
+    stand; in a deployment it cuts the graceful stop of its processes short, as before."""
+    global _interrupted, _exit_code, _ended_word
+    simulating = _simulating()  # only a simulation has Ray to wait for; a deployment stops its own
+    if _interrupted and simulating:
+        return
+    if not _interrupted:
+        _exit_code, _ended_word = SIGNAL_EXITS.get(signum, SIGNAL_EXITS[signal.SIGINT])
+        _tree_at_signal.update(own_tree())
+    _interrupted = True
+    logging.getLogger("flwr").disabled = True
+    if simulating:
+        threading.Thread(target=_end_after, args=(INTERRUPT_GRACE_S,), name="fedpers-interrupt-deadline",
+                         daemon=True).start()
+    raise Interrupted(signum)
+
+
+def _forward_signals_to_main_thread() -> None:
+    """Make sure a SIGINT / SIGTERM reaches :func:`_interrupt`, which Python runs in the main thread only.
+
+    The kernel hands a process's signal to any one of its threads. Delivered to one of Ray's or Flower's
+    threads, it only marks the signal as pending, and a main thread blocked in a lock (joining Flower's
+    worker threads) is not woken up: the command went on as if nothing had come (1 run in about 20 on a
+    busy machine). Python's wakeup fd says that a signal came; a thread of ours then sends it to the main
+    thread itself unless the handler has run already."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    try:
+        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    except ValueError:  # not in the main thread of the main interpreter
+        return
+    threading.Thread(target=_forwarder, args=(read_fd, threading.main_thread().ident),
+                     name="fedpers-signal-forwarder", daemon=True).start()
+
+
+def _forwarder(read_fd: int, main_thread: int) -> None:
+    """Read the signal numbers of the wakeup fd; resend SIGINT / SIGTERM to the main thread while its
+    handler has not run (after a moment, in which a signal that reached the main thread is handled there)."""
+    while True:
+        try:
+            data = os.read(read_fd, 64)
+        except OSError:
+            return
+        for signum in data:
+            if signum in SIGNAL_EXITS:
+                time.sleep(0.5)
+                if not _interrupted:
+                    signal.pthread_kill(main_thread, signum)
+
+
+def _end_after(seconds: float) -> None:
+    """The interrupt's deadline: if the command is still unwinding after ``seconds``, end it and all it
+    started now (every results file is written line by line, every checkpoint atomically)."""
+    time.sleep(seconds)
+    if not _said_interrupted:
+        print(f"fedpers: {_ended_word} (ended after {seconds:.0f} s of shutting down)", file=sys.stderr, flush=True)
+    _end(_exit_code, dict(_tree_at_signal))
+
+
+def _say_interrupted() -> None:
+    global _said_interrupted
+    _said_interrupted = True
+    print(f"fedpers: {_ended_word}", file=sys.stderr, flush=True)
+
+
+def exit_now(code: int) -> None:
+    """End the process at once with ``code``, after stopping the Ray cluster this process started.
+
+    A plain return would make the interpreter join Flower's threads at exit (the ServerApp thread and its
+    thread pool wait for replies that never come once the engine has stopped), which hangs for minutes.
+    Every results file is written line by line with a flush, so nothing half-written is left behind."""
+    started = {**_tree_at_signal, **own_tree()}  # before Ray's shutdown leaves its workers to init
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        stopper = threading.Thread(target=ray.shutdown, daemon=True)
+        stopper.start()
+        stopper.join(timeout=5)
+    _end(code, started)
+
+
+def _end(code: int, started: dict[int, str | None] | None = None) -> None:
+    """Kill whatever this process started that is still alive (Ray's processes when its shutdown did not
+    finish, and those of ``started`` that its shutdown orphaned), flush and exit with ``code``."""
+    kill_own_tree(started)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""Flower ServerApp entry point: ``server_app`` (``serverapp`` in pyproject's ``[tool.flwr.app.components]``;
+the ClientApp is ``fedpers.apps.client_app:client_app``).
+
+The same objects run in Flower's Ray simulation engine (``fedpers run``, ``flwr run .``) and as real
+SuperLink/SuperNode processes. The run's settings come from the Flower run-config, validated by the
+fedpers schema; the method's Strategy and NumPyClient come from the registry. The legacy round loop
+(``flwr.server.compat.start_grid``) runs on a :class:`~fedpers.apps.prompt_grid.PromptReplyGrid`, so a
+deployed round does not wait for Flower's 3-s reply checks.
+"""
+
+from __future__ import annotations
+
+from logging import INFO
+from pathlib import Path
+
+from flwr.app import Context
+from flwr.server import ServerApp, ServerAppComponents, ServerConfig
+from flwr.server.compat import start_grid
+from flwr.serverapp import Grid
+
+from fedpers.core.checkpoint import checkpoint_path, load_checkpoint
+from fedpers.apps.client_app import config_of
+from fedpers.registry.config import Config
+from fedpers.core.errors import ConfigError, FedpersError
+from fedpers.core.partition import save_partition
+from fedpers.apps.prompt_grid import PromptReplyGrid
+from fedpers.registry.methods import federation_for, strategy_class_for
+from fedpers.core.results import ResultsWriter
+from fedpers.core.run_figures import label_distribution_png
+from fedpers.core.rundir import check_out_dir
+
+
+def server_fn(context: Context) -> ServerAppComponents:
+    """Build the method's Strategy, its results writer and the number of rounds."""
+    cfg = config_of(context)
+    federation = federation_for(cfg)  # checked to hold Ds when the method needs it
+    state = check_run_dir(cfg)  # before the results writer touches out_dir
+    writer = ResultsWriter(cfg.out_dir, tensorboard=cfg.tensorboard, wandb=cfg.wandb,
+                           wandb_project=cfg.wandb_project, config=cfg.to_dict())
+    save_partition(writer.out_dir / "partition.npz", federation.partition, dataset=Path(cfg.dataset).name,
+                   num_train=len(federation.dataset.y_train), num_test=len(federation.dataset.y_test))
+    label_distribution_png(federation.client_label_counts(), writer.out_dir / "partition.png")
+    strategy = strategy_class_for(cfg)(cfg, federation, writer)  # method (+ JDFL wrapper)
+    config = ServerConfig(num_rounds=cfg.rounds, round_timeout=cfg.round_timeout or None)
+    if state is not None:
+        return _resume(cfg, strategy, config, state)
+    if cfg.resume:  # INFO: every sweep run starts this way (resumable by default)
+        from flwr.common import log
+
+        log(INFO, "fedpers: resume=true but no checkpoint in %s yet: starting at round 1", cfg.checkpoint_dir)
+    return ServerAppComponents(strategy=strategy, config=config)
+
+
+def check_run_dir(cfg: Config) -> dict | None:
+    """The output directory (:func:`fedpers.core.rundir.check_out_dir`), then the checkpoint a resume continues
+    from: both checked before anything is written (by the CLI before the engine starts, by the ServerApp
+    before its results writer opens a file). Returns the checkpoint to resume from, or None."""
+    check_out_dir(cfg.out_dir, overwrite=cfg.overwrite, resume=cfg.resume,
+                  checkpoint_file=checkpoint_path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None)
+    return checkpoint_to_resume(cfg)
+
+
+def checkpoint_to_resume(cfg: Config) -> dict | None:
+    """The checkpoint a ``resume=true`` run continues from, loaded and checked against ``cfg`` (None: a
+    fresh run, also when resume=true finds no checkpoint yet); a corrupt checkpoint or one of another
+    experiment is a FedpersError."""
+    if not cfg.resume:
+        return None
+    if not cfg.checkpoint_dir:
+        raise FedpersError("config key 'resume': resume=true needs checkpoint_dir")
+    if not checkpoint_path(cfg.checkpoint_dir).is_file():
+        return None
+    state = load_checkpoint(cfg.checkpoint_dir, cfg)
+    done = int(state["round"])
+    if done > cfg.rounds:  # the summary would say rounds=cfg.rounds and hold the checkpoint's later rounds
+        raise ConfigError(f"config key 'rounds': the checkpoint {checkpoint_path(cfg.checkpoint_dir)} holds "
+                          f"{done} rounds, more than rounds={cfg.rounds}; resume with rounds >= {done}")
+    return state
+
+
+def _resume(cfg: Config, strategy, config: ServerConfig, state: dict) -> ServerAppComponents:
+    """Load the checkpoint ``state`` into ``strategy`` and start the round loop after its round."""
+    from flwr.common import log
+    from flwr.server import SimpleClientManager
+
+    from fedpers.apps.flower_internals import ResumableServer
+
+    strategy.load_state_dict(state)
+    done = int(state["round"])
+    log(INFO, "fedpers: resuming from %s after round %d of %d", checkpoint_path(cfg.checkpoint_dir), done, cfg.rounds)
+    if done >= cfg.rounds and strategy.history:
+        strategy.write_summary()  # nothing left to run; the summary reflects the checkpoint
+    server = ResumableServer(start_round=done + 1, client_manager=SimpleClientManager(), strategy=strategy)
+    return ServerAppComponents(server=server, config=config)
+
+
+server_app = ServerApp()
+
+
+@server_app.main()
+def main(grid: Grid, context: Context) -> None:
+    """The run: :func:`server_fn`'s components in Flower's legacy round loop, replies collected every
+    ``reply_poll_interval`` seconds."""
+    components = server_fn(context)
+    start_grid(grid=PromptReplyGrid(grid, config_of(context).reply_poll_interval), server=components.server,
+               config=components.config, strategy=components.strategy, client_manager=components.client_manager)
