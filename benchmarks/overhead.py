@@ -32,14 +32,13 @@ import torch
 import torch.nn.functional as F
 
 from fedpers.core import seeds
-from fedpers.algorithms.pfedkdh import pfedkdh_objective
+from fedpers.algorithms.pfedkdh import pfedkdh_objective, recalibrate_head
 from fedpers.registry.config import build_config
 from fedpers.core.federation import get_federation
 from fedpers.core.models import backbone_parameters, build_model, get_arrays, set_arrays
 from fedpers.core.results import read_metrics
 from fedpers.apps.simulation import run_simulation
-from fedpers.core.training import (evaluate, frozen_copy, predict_logits, recalibrate_head, seed_everything, sgd,
-                              train_epochs)
+from fedpers.core.training import evaluate, frozen_copy, predict_logits, seed_everything, sgd, train_epochs
 from fedpers.core.validation import weighted_average
 
 HERE = Path(__file__).resolve().parent

@@ -16,9 +16,10 @@ import torch
 
 from clients.base import FedPersClient
 from fedpers.algorithms import pfedkdh
-from fedpers.algorithms.pfedkdh import adaptation_steps, parse_adaptation_lengths, pfedkdh_objective
+from fedpers.algorithms.pfedkdh import (adapt_head_copies, adaptation_steps, parse_adaptation_lengths,
+                                       pfedkdh_objective)
 from fedpers.core.models import backbone_parameters
-from fedpers.core.training import accuracy_and_loss, adapt_head_copies, backbone_features, frozen_copy
+from fedpers.core.training import accuracy_and_loss, backbone_features, frozen_copy
 
 
 class PFedKDHClient(FedPersClient):

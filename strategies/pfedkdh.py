@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from fedpers.algorithms import pfedkdh
 from fedpers.core import seeds
 from fedpers.core.errors import FedpersError
-from fedpers.core.training import recalibrate_head, seed_everything, sgd, train_epochs
+from fedpers.core.training import seed_everything, sgd, train_epochs
 from strategies.base import FedPersStrategy
 
 
@@ -49,5 +49,5 @@ class PFedKDHStrategy(FedPersStrategy):
 
     def _recalibrate(self, server_round: int) -> None:
         gen = seed_everything(self.cfg.seed, seeds.SERVER_TRAINING, server_round + 1)
-        recalibrate_head(self.model, self.aux.x, self.aux.y, epochs=self.cfg.recal_epochs,
+        pfedkdh.recalibrate_head(self.model, self.aux.x, self.aux.y, epochs=self.cfg.recal_epochs,
                          lr=self.cfg.recal_lr, batch_size=self.cfg.batch_size, generator=gen)

@@ -41,6 +41,15 @@ def tiny_overrides(**extra):
     return base
 
 
+def pfedkdh_broadcast(cfg):
+    """A pFedKDH strategy on ``cfg``'s federation and its first broadcast (the arrays every client gets)."""
+    from fedpers.core.federation import get_federation
+    from strategies.pfedkdh import PFedKDHStrategy
+
+    strategy = PFedKDHStrategy(cfg, get_federation(cfg))
+    return strategy, strategy.download_arrays()
+
+
 def arrays_equal(a, b) -> bool:
     """Same number of arrays, each exactly equal."""
     return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))

@@ -1,14 +1,17 @@
-"""pFedKDH (Souza Neto et al., MLSP 2026): the client objective of Eq. (2).
-"""
+"""pFedKDH (Souza Neto et al., MLSP 2026): the client objective of Eq. (2) with its distillation term, the
+teacher head's recalibration on the server set (Eq. 5) and the EA variant's head adaptation (Sec. 3.4)."""
 
 from __future__ import annotations
 
+import copy
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from fedpers.core.losses import distillation_kl, proximal_term
+from fedpers.core.losses import proximal_term
+from fedpers.core.training import backbone_features, head_sgd, step_batches, train_head_on_features
 from fedpers.core.schema import Key, parses, positive, non_negative, unit_interval, one_of
 from fedpers.core.wire import Contract
 
@@ -42,6 +45,16 @@ KEYS: tuple[Key, ...] = (
 )
 
 
+def distillation_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """KL(q_g^T || q_k^T), averaged over the batch: the distillation term of pFedKDH Eq. (2) (Hinton et
+    al.'s softened softmax ``q_i^T = exp(z_i/T) / sum_j exp(z_j/T)``), without the ``lambda_KD T^2`` factor.
+    The teacher is detached: no gradient flows into it."""
+    log_student = F.log_softmax(student_logits / temperature, dim=1)
+    log_teacher = F.log_softmax(teacher_logits.detach() / temperature, dim=1)
+    return F.kl_div(log_student, log_teacher, log_target=True, reduction="batchmean")
+
+
+
 def pfedkdh_objective(student_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor, *,
                       temperature: float, lambda_kd: float, mu: float,
                       backbone: Sequence[torch.Tensor], global_backbone: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -69,3 +82,50 @@ def parse_adaptation_lengths(text: str) -> list[tuple[str, int, str]]:
 def adaptation_steps(count: int, unit: str, num_train: int, batch_size: int) -> int:
     """Head-adaptation steps of ``count`` steps or ``count`` epochs (``ceil(n_k / B)`` steps each)."""
     return count if unit == "steps" else count * -(-num_train // batch_size)
+
+
+def recalibrate_head(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, lr: float,
+                     batch_size: int, generator: torch.Generator) -> float:
+    """pFedKDH Eq. (5): ``phi_g <- argmin_phi 1/|Ds| sum CE(h_phi(b_theta_g(x)), y)`` over Ds with the
+    aggregated backbone frozen, by ``epochs`` epochs of SGD on the head."""
+    if epochs <= 0 or len(x) == 0:
+        return float("nan")
+    feats = backbone_features(model, x)
+    return train_head_on_features(model.head, feats, y, lr=lr, batch_size=batch_size,
+                                  generator=generator, epochs=epochs)
+
+
+def adapt_head_copy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int, lr: float,
+                    batch_size: int, generator: torch.Generator) -> nn.Module:
+    """pFedKDH-EA: a copy of the head refined by ``steps`` head-only SGD steps on the client's *train*
+    data with the backbone frozen; the persistent head itself is left unchanged."""
+    return adapt_head_copies(model, x, y, steps=[steps], lr=lr, batch_size=batch_size, generator=generator)[steps]
+
+
+def adapt_head_copies(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: Sequence[int], lr: float,
+                      batch_size: int, generator: torch.Generator) -> dict[int, nn.Module]:
+    """pFedKDH-EA (Sec. 3.4) at several step counts from one run: ``{k: the head copy after k steps}`` for
+    every ``k`` in ``steps``. The first k batches of a longer run are the k batches of a k-step run (same
+    generator), so each copy is the one a run of k steps gives (up to the float rounding of features taken
+    in other batches). The persistent head is left unchanged.
+
+    Only the samples the steps visit are passed through the frozen backbone (at most
+    ``max(steps) * batch_size``, not the whole train split); the batches are those of
+    :func:`train_head_on_features` with the same generator."""
+    head = copy.deepcopy(model.head)
+    wanted, longest = set(steps), max(steps, default=0)
+    copies: dict[int, nn.Module] = {0: copy.deepcopy(head)} if 0 in wanted else {}
+    if longest > 0 and len(x) > 0:
+        batches = step_batches(len(x), batch_size, longest, generator, x.device)
+        used, where = torch.unique(torch.cat(batches), return_inverse=True)
+        feats, labels = backbone_features(model, x[used]), y[used]
+        positions = torch.split(where, [len(b) for b in batches])
+
+        def keep(done: int) -> None:
+            if done in wanted:
+                copies[done] = copy.deepcopy(head)
+
+        head_sgd(head, ((feats[pos], labels[pos]) for pos in positions), lr, after_step=keep)
+    for k in wanted:  # no data to adapt on: the head as it is
+        copies.setdefault(k, copy.deepcopy(head))
+    return copies

@@ -1,20 +1,11 @@
-"""Loss functions of the methods, as small pure functions of tensors."""
+"""Loss terms that more than one method uses (FedProx, Ditto and pFedKDH: the proximal term), as small pure
+functions of tensors; a loss of one method is in its own math module (``fedpers/algorithms/<method>.py``)."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
-
-
-def distillation_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """KL(q_g^T || q_k^T), averaged over the batch: the distillation term of pFedKDH Eq. (2) (Hinton et
-    al.'s softened softmax ``q_i^T = exp(z_i/T) / sum_j exp(z_j/T)``), without the ``lambda_KD T^2`` factor.
-    The teacher is detached: no gradient flows into it."""
-    log_student = F.log_softmax(student_logits / temperature, dim=1)
-    log_teacher = F.log_softmax(teacher_logits.detach() / temperature, dim=1)
-    return F.kl_div(log_student, log_teacher, log_target=True, reduction="batchmean")
 
 
 def squared_distance(params: Sequence[torch.Tensor], reference: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -4,9 +4,8 @@ device, so batches are index slices of one tensor)."""
 from __future__ import annotations
 
 import copy
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -109,9 +108,10 @@ def step_batches(n: int, batch_size: int, steps: int, generator: torch.Generator
     return batches
 
 
-def _head_sgd(head: nn.Module, batches, lr: float, after_step: Callable[[int], None] | None = None) -> float:
+def head_sgd(head: nn.Module, batches, lr: float, after_step: Callable[[int], None] | None = None) -> float:
     """Cross-entropy SGD on ``head`` over ``(features, labels)`` batches; returns the mean loss.
-    ``after_step(k)`` is called after the k-th step (1-based)."""
+    ``after_step(k)`` is called after the k-th step (1-based). Shared by FedRep's and FedBABU's head phases
+    (:func:`train_head_on_features`) and pFedKDH's recalibration and EA copies."""
     opt = sgd(head.parameters(), lr)
     head.train()
     total, count = 0.0, 0
@@ -137,54 +137,7 @@ def train_head_on_features(head: nn.Module, features: torch.Tensor, y: torch.Ten
         return float("nan")
     total_steps = steps if steps > 0 else epochs * -(-len(features) // batch_size)
     batches = step_batches(len(features), batch_size, total_steps, generator, features.device)
-    return _head_sgd(head, ((features[idx], y[idx]) for idx in batches), lr)
-
-
-def recalibrate_head(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, lr: float,
-                     batch_size: int, generator: torch.Generator) -> float:
-    """pFedKDH Eq. (5): ``phi_g <- argmin_phi 1/|Ds| sum CE(h_phi(b_theta_g(x)), y)`` over Ds with the
-    aggregated backbone frozen, by ``epochs`` epochs of SGD on the head."""
-    if epochs <= 0 or len(x) == 0:
-        return float("nan")
-    feats = backbone_features(model, x)
-    return train_head_on_features(model.head, feats, y, lr=lr, batch_size=batch_size,
-                                  generator=generator, epochs=epochs)
-
-
-def adapt_head_copy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int, lr: float,
-                    batch_size: int, generator: torch.Generator) -> nn.Module:
-    """pFedKDH-EA: a copy of the head refined by ``steps`` head-only SGD steps on the client's *train*
-    data with the backbone frozen; the persistent head itself is left unchanged."""
-    return adapt_head_copies(model, x, y, steps=[steps], lr=lr, batch_size=batch_size, generator=generator)[steps]
-
-
-def adapt_head_copies(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: Sequence[int], lr: float,
-                      batch_size: int, generator: torch.Generator) -> dict[int, nn.Module]:
-    """pFedKDH-EA (Sec. 3.4) at several step counts from one run: ``{k: the head copy after k steps}`` for
-    every ``k`` in ``steps``. The first k batches of a longer run are the k batches of a k-step run (same
-    generator), so each copy is the one a run of k steps gives (up to the float rounding of features taken
-    in other batches). The persistent head is left unchanged.
-
-    Only the samples the steps visit are passed through the frozen backbone (at most
-    ``max(steps) * batch_size``, not the whole train split); the batches are those of
-    :func:`train_head_on_features` with the same generator."""
-    head = copy.deepcopy(model.head)
-    wanted, longest = set(steps), max(steps, default=0)
-    copies: dict[int, nn.Module] = {0: copy.deepcopy(head)} if 0 in wanted else {}
-    if longest > 0 and len(x) > 0:
-        batches = step_batches(len(x), batch_size, longest, generator, x.device)
-        used, where = torch.unique(torch.cat(batches), return_inverse=True)
-        feats, labels = backbone_features(model, x[used]), y[used]
-        positions = torch.split(where, [len(b) for b in batches])
-
-        def keep(done: int) -> None:
-            if done in wanted:
-                copies[done] = copy.deepcopy(head)
-
-        _head_sgd(head, ((feats[pos], labels[pos]) for pos in positions), lr, after_step=keep)
-    for k in wanted:  # no data to adapt on: the head as it is
-        copies.setdefault(k, copy.deepcopy(head))
-    return copies
+    return head_sgd(head, ((features[idx], y[idx]) for idx in batches), lr)
 
 
 @torch.no_grad()
