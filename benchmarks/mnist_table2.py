@@ -27,41 +27,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fedpers.apps.sweep import load_sweep
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-# Paper Table 2, MNIST, mean over repetitions (%); None: the method is not in the paper's table.
-PAPER = {
-    "FedAvg": {0.05: 93.23, 0.1: 94.43, 0.5: 97.89},
-    "FedProx": {0.05: 93.22, 0.1: 94.46, 0.5: 97.88},
-    "Ditto": {0.05: 97.47, 0.1: 96.02, 0.5: 94.04},
-    "FedALA": {0.05: 99.18, 0.1: 99.05, 0.5: 95.31},
-    "FedProto": {0.05: 99.00, 0.1: 97.98, 0.5: 96.38},
-    "FedPer": {0.05: 99.11, 0.1: 98.61, 0.5: 98.08},
-    "FedRep": {0.05: 98.63, 0.1: 96.69, 0.5: 96.52},
-    "FedBABU": {0.05: 99.10, 0.1: 98.49, 0.5: 97.73},
-    "FedFed": {0.05: 98.19, 0.1: 97.59, 0.5: 97.63},
-    "pFedMe": {0.05: 99.20, 0.1: 98.76, 0.5: 97.58},
-    "pFedSim": {},
-    "FedAS": {},
-    "pFedKDH-Fair": {0.05: 99.22, 0.1: 99.12, 0.5: 98.96},
-    "pFedKDH-EA": {0.05: 99.28, 0.1: 99.23, 0.5: 99.01},
-}
-ROWS = [  # label, method, extra --set, metric read from summary["final"] (None: summary["metric"])
-    ("FedAvg", "fedavg", [], None),
-    ("FedProx", "fedprox", [], None),
-    ("Ditto", "ditto", [], None),
-    ("FedALA", "fedala", [], None),
-    ("FedProto", "fedproto", [], None),
-    ("FedPer", "fedper", [], None),
-    ("FedRep", "fedrep", [], None),
-    ("FedBABU", "fedbabu", [], None),
-    ("FedFed", "fedfed", [], None),
-    ("pFedMe", "pfedme", [], None),
-    ("pFedSim", "pfedsim", [], None),
-    ("FedAS", "fedas", [], None),
-    ("pFedKDH-Fair", "pfedkdh", ["variant=ea"], "personalized_macro_acc_fair"),
-    ("pFedKDH-EA", "pfedkdh", ["variant=ea"], "personalized_macro_acc"),
-]
+TABLE2 = ROOT / "configs" / "sweeps" / "pfedkdh_table2.yaml"  # Table 2's one declaration: rows, paper numbers
+# methods fedpers has that the paper's Table 2 does not list, run after its rows
+NOT_IN_PAPER = [("pFedSim", "pfedsim", [], None), ("FedAS", "fedas", [], None)]
+
+
+def table2_rows() -> tuple[list[tuple[str, str, list[str], str | None]], dict[str, dict[float, float]]]:
+    """(label, method, extra --set, metric or None) of every row, and the paper's MNIST numbers
+    {label: {alpha: %}}, both read from Table 2's sweep file."""
+    sweep = load_sweep(TABLE2)
+    rows = [(m.label, m.method, [f"{k}={v}" for k, v in m.set.items()], m.metric) for m in sweep.methods]
+    paper = {label: {float(column.split("_a")[1]): value for column, value in cells.items()
+                     if column.startswith("mnist_a")} for label, cells in sweep.paper.items()}
+    return rows + NOT_IN_PAPER, paper
 
 
 def budget_sets(method: str, rounds: int) -> list[str]:
@@ -121,7 +103,8 @@ def main() -> None:
     p.add_argument("--note", default="", help="a line added under the table's header (e.g. how it was measured)")
     args = p.parse_args()
 
-    rows = [row for row in ROWS if args.methods is None or row[1] in args.methods]
+    all_rows, paper_numbers = table2_rows()
+    rows = [row for row in all_rows if args.methods is None or row[1] in args.methods]
     table: dict[str, dict[float, dict | None]] = {}
     for alpha in args.alphas:  # a whole column first: if time runs out, one alpha is complete
         summaries: dict[tuple, dict] = {}
@@ -136,7 +119,7 @@ def main() -> None:
             train_s, last_s = round_seconds(run_dir(method, alpha, args))
             name = metric or s["metric"]
             table.setdefault(label, {})[alpha] = {
-                "ours": 100 * s["final"][name], "paper": PAPER[label].get(alpha), "metric": name,
+                "ours": 100 * s["final"][name], "paper": paper_numbers.get(label, {}).get(alpha), "metric": name,
                 "train_round_seconds": train_s, "last_round_seconds": last_s,
                 "mean_round_seconds": s["mean_round_seconds"], "wall_seconds": s["wall_seconds"],
             }
@@ -165,7 +148,7 @@ def main() -> None:
         cells = []
         for a in args.alphas:
             c = table[label][a]
-            paper = PAPER[label].get(a)
+            paper = paper_numbers.get(label, {}).get(a)
             paper_text = f"{paper:.2f}" if paper is not None else "-"
             if not isinstance(c, dict):
                 cells.append(f"{'failed: ' + c if c else 'not run'} | {paper_text} | | | | ")

@@ -1,6 +1,7 @@
 """Sweeps (plan, validation, resume) and the paper-style report (table, figures), plus TensorBoard."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -244,3 +245,74 @@ def test_report_finds_the_runs_of_a_sweep_directory_moved_elsewhere(tmp_path):
     table = (moved / "table.md").read_text()
     assert "| fedavg | **80.00±0.00** | **80.00±0.00** |" in table  # global_acc = accuracy - 0.1
     assert "| pFedKDH-EA | 60.00±0.00 | 60.00±0.00 |" in table
+
+
+TABLE = """\
+base: {rounds: 50, local_epochs: 2, lr: 0.015}
+datasets: [digits]
+alphas: [0.05, 0.5]
+seeds: [0, 1, 2]
+methods:
+  - {label: FedAvg, method: fedavg}
+  - {label: FedPer, method: fedper}
+  - {label: pFedKDH-EA, method: pfedkdh, set: {variant: ea}}
+paper:
+  FedAvg: {digits_a0.05: 90.0, digits_a0.5: 95.0}
+  FedPer: {digits_a0.05: 97.0}
+  pFedKDH-EA: {digits_a0.05: 98.0}
+claims:
+  - {id: ea-first-a0.05, column: digits_a0.05, order: [pFedKDH-EA, FedPer]}
+  - {id: ea-first-a0.5, column: digits_a0.5, order: [pFedKDH-EA, FedPer]}
+  - {id: fedavg-close, column: digits_a0.05, within: {rows: [FedAvg], tolerance: 1.5}}
+"""
+
+
+def test_a_study_extends_the_one_declaration_of_a_table(tmp_path):
+    (tmp_path / "tables").mkdir()
+    (tmp_path / "tables" / "table.yaml").write_text(TABLE)
+    study = tmp_path / "study.yaml"
+    study.write_text("extends: tables/table.yaml\n"
+                     "rows: {FedPer: FedPer, EA (defaults): pFedKDH-EA}\n"
+                     "base: {eval_every: 5, rounds: 3}\n"
+                     "alphas: [0.05]\nseeds: [0]\n"
+                     "methods: [{label: EA (T=1), method: pfedkdh, set: {variant: ea, temperature: 1}}]\n"
+                     "paper: {EA (T=1): {digits_a0.05: 98.0}}\n"
+                     "claims: [{id: own, order: [EA (T=1), FedPer]}]\n")
+    sweep = load_sweep(study)
+    assert [(m.label, m.method, m.set) for m in sweep.methods] == [
+        ("FedPer", "fedper", {}), ("EA (defaults)", "pfedkdh", {"variant": "ea"}),
+        ("EA (T=1)", "pfedkdh", {"variant": "ea", "temperature": 1})]
+    assert sweep.base == {"rounds": 3, "local_epochs": 2, "lr": 0.015, "eval_every": 5}
+    assert (sweep.datasets, sweep.alphas, sweep.seeds) == (["digits"], [0.05], [0])
+    assert sweep.paper == {"FedPer": {"digits_a0.05": 97.0}, "EA (defaults)": {"digits_a0.05": 98.0},
+                           "EA (T=1)": {"digits_a0.05": 98.0}}
+    # the declared claims of its column whose rows it runs (renamed), then its own
+    assert [(c["id"], c.get("order")) for c in sweep.claims] == [
+        ("ea-first-a0.05", ["EA (defaults)", "FedPer"]), ("own", ["EA (T=1)", "FedPer"])]
+    # the rows run what the declaration's rows run: the same run directories
+    assert {r.run_key for r in plan(sweep, tmp_path / "out")} == {"fedper", "pfedkdh_variant=ea",
+                                                                   "pfedkdh_temperature=1_variant=ea"}
+
+
+@pytest.mark.parametrize("body, message", [
+    ("extends: tables/table.yaml\nrows: [FedPer, FedRep]\n", "'rows' names ['FedRep'], not rows of table.yaml"),
+    ("extends: study.yaml\n", "'extends' makes a loop"),
+    ("rows: [FedPer]\n" + TABLE, "'rows' chooses rows of the file named by 'extends', and there is none"),
+    ("extends: tables/missing.yaml\n", "not found"),
+    ("extends: tables/table.yaml\nrows: 3\n", "'rows' lists labels of table.yaml or maps a label to one"),
+])
+def test_a_bad_extends_is_one_line(tmp_path, body, message):
+    (tmp_path / "tables").mkdir()
+    (tmp_path / "tables" / "table.yaml").write_text(TABLE)
+    (tmp_path / "study.yaml").write_text(body)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_sweep(tmp_path / "study.yaml")
+
+
+def test_the_committed_studies_read_their_tables_declaration():
+    table2 = load_sweep(ROOT / "configs" / "sweeps" / "pfedkdh_table2.yaml")
+    for name in ("pfedkdh_table2_mnist", "pfedkdh_mnist_seeds"):
+        study = load_sweep(ROOT / "benchmarks" / "studies" / f"{name}.yaml")
+        for label, cells in study.paper.items():
+            declared = label.replace(" (defaults)", "")
+            assert cells == table2.paper[declared]

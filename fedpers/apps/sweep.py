@@ -15,6 +15,19 @@ A sweep file (YAML)::
     ablation: false                               # true: `fedpers report` also draws the bar chart
 
 Rows that differ only in label/metric share their runs (pFedKDH-Fair and -EA come from one run).
+
+A study that runs part of a table another sweep file declares reads it instead of restating it::
+
+    extends: ../../configs/sweeps/pfedkdh_table2.yaml   # relative to this file
+    rows: [FedAvg, FedPer, pFedKDH-EA]           # the rows it runs, in this order (default: all), or a
+                                                  # mapping {its label: the declared label} to rename them
+    base: {eval_every: 5}                        # merged over the declared base
+    datasets: [mnist]                             # datasets, alphas, seeds, ablation: replaced if given
+    methods: [...]                                # rows of its own, after the chosen ones
+
+The chosen rows keep their keys, metric, group and paper numbers (``paper`` entries of the study are
+added); the declared claims come along where their column is one of the study's and each row they
+name is chosen (renamed with the rows); the study's own ``claims`` follow them.
 Every run's config is validated before the first run starts. A run whose ``summary.json`` exists is
 skipped, and every run checkpoints after each round (:func:`resumable`), so an interrupted sweep resumes
 where it stopped: at the next run, or inside the interrupted one after its last finished round.
@@ -143,6 +156,80 @@ def _keys(raw: Any, where: str, path: Path) -> dict[str, Any]:
     return {str(name): value for name, value in raw.items()}
 
 
+SWEEP_ENTRIES = {"base", "methods", "datasets", "alphas", "seeds", "ablation", "paper", "claims"}
+
+
+def _claim_rows(claim: dict) -> list[str]:
+    """The row labels a claim names (its ``order`` list, its ``delta`` rows, its ``within`` rows)."""
+    if "order" in claim and isinstance(claim["order"], list):
+        return [str(r) for r in claim["order"]]
+    if isinstance(claim.get("delta"), dict):
+        return [str(claim["delta"].get(k)) for k in ("a", "b")]
+    if isinstance(claim.get("within"), dict) and claim["within"].get("rows", "all") != "all":
+        rows = claim["within"]["rows"]
+        return [str(r) for r in (rows if isinstance(rows, list) else [rows])]
+    return []
+
+
+def _renamed_claim(claim: dict, names: dict[str, str]) -> dict:
+    """``claim`` with its rows renamed (declared label -> the study's)."""
+    out = dict(claim)
+    if "order" in out:
+        out["order"] = [names[str(r)] for r in out["order"]]
+    elif isinstance(out.get("delta"), dict):
+        out["delta"] = {**out["delta"], **{k: names[str(out["delta"][k])] for k in ("a", "b") if k in out["delta"]}}
+    elif isinstance(out.get("within"), dict) and out["within"].get("rows", "all") != "all":
+        rows = out["within"]["rows"]
+        out["within"] = {**out["within"], "rows": [names[str(r)] for r in (rows if isinstance(rows, list) else [rows])]}
+    return out
+
+
+def _extended(raw: dict, p: Path, seen: tuple[Path, ...] = ()) -> dict:
+    """A sweep file's entries with ``extends`` / ``rows`` resolved (see the module docstring)."""
+    parent_path = (p.parent / str(raw["extends"])).resolve()
+    if parent_path in seen or parent_path == p.resolve():
+        raise ConfigError(f"sweep {p}: 'extends' makes a loop through {parent_path}")
+    parent = read_config_file(parent_path, f"sweep file (extended by {p})")
+    if not isinstance(parent, dict):
+        raise ConfigError(f"sweep {parent_path} (extended by {p}) must be a mapping")
+    if "extends" in parent:
+        parent = _extended(parent, parent_path, seen + (p.resolve(),))
+    declared = [m if isinstance(m, dict) else {"method": m} for m in _as_list(parent, "methods", parent_path)]
+    by_label = {str(m.get("label", m.get("method"))): m for m in declared}
+    chosen = raw.get("rows")
+    if chosen is None:
+        names = {label: label for label in by_label}
+    elif isinstance(chosen, list):
+        names = {str(label): str(label) for label in chosen}
+    elif isinstance(chosen, dict):
+        names = {str(declared_label): str(label) for label, declared_label in chosen.items()}
+    else:
+        raise ConfigError(f"sweep {p}: 'rows' lists labels of {parent_path.name} or maps a label to one, "
+                          f"got {shown(chosen)}")
+    unknown = [label for label in names if label not in by_label]
+    if unknown:
+        raise ConfigError(f"sweep {p}: 'rows' names {shown(unknown)}, not rows of {parent_path.name} "
+                          f"({', '.join(by_label)})")
+    out = {key: raw.get(key, parent.get(key)) for key in ("datasets", "alphas", "seeds", "ablation")}
+    out = {k: v for k, v in out.items() if v is not None}
+    out["base"] = {**(parent.get("base") or {}), **(raw.get("base") or {})}
+    out["methods"] = [{**by_label[label], "label": new} for label, new in names.items()] + list(raw.get("methods") or [])
+    paper = {names[label]: cells for label, cells in (parent.get("paper") or {}).items() if label in names}
+    for label, cells in (raw.get("paper") or {}).items():
+        paper[str(label)] = {**paper.get(str(label), {}), **(cells or {})}
+    out["paper"] = paper
+    columns = {f"{dataset_tag(str(d))}_a{float(a):g}" for d in _as_list(out, "datasets", p) for a in _as_list(out, "alphas", p)}
+    claims = []
+    for claim in parent.get("claims") or []:
+        column = claim.get("column") if isinstance(claim, dict) else None
+        if not isinstance(claim, dict) or (column not in columns if column else len(columns) != 1):
+            continue
+        if all(row in names for row in _claim_rows(claim)):
+            claims.append(_renamed_claim(claim, names))
+    out["claims"] = claims + list(raw.get("claims") or [])
+    return out
+
+
 def load_sweep(path: str | Path, sets: list[str] | None = None, datasets: list[str] | None = None) -> Sweep:
     """Parse and validate a sweep file; ``sets`` (``key=value``) override its ``base`` and ``datasets``
     its dataset list. Every run's config is checked by the config schema."""
@@ -153,7 +240,14 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, datasets: list[s
     if not isinstance(raw, dict):
         raise ConfigError(f"sweep file {p} must be a mapping (base, methods, datasets, alphas, seeds), "
                           f"got {type(raw).__name__}")
-    unknown = set(map(str, raw)) - {"base", "methods", "datasets", "alphas", "seeds", "ablation", "paper", "claims"}
+    if "extends" in raw:
+        unknown = set(map(str, raw)) - SWEEP_ENTRIES - {"extends", "rows"}
+        if unknown:
+            raise ConfigError(f"sweep {p}: unknown entries {shown(sorted(unknown))}")
+        raw = _extended(raw, p)
+    elif "rows" in raw:
+        raise ConfigError(f"sweep {p}: 'rows' chooses rows of the file named by 'extends', and there is none")
+    unknown = set(map(str, raw)) - SWEEP_ENTRIES
     if unknown:
         raise ConfigError(f"sweep {p}: unknown entries {shown(sorted(unknown))}")
     methods = []
