@@ -44,7 +44,7 @@ from flwr.server.strategy import Strategy
 
 from fedpers.core.errors import FedpersError
 from fedpers.core.federation import Federation
-from fedpers.core.models import Part, array_shapes, build_model, get_arrays, set_arrays
+from fedpers.core.models import array_shapes, build_model, get_arrays, set_arrays
 from fedpers.core.progress import format_round_line
 from fedpers.core.results import ACCURACY_PREFIXES, VALIDATION_PREFIX, ResultsWriter, accuracy_summary
 from fedpers.core.schema import Config
@@ -185,6 +185,18 @@ class FedPersStrategy(ContractSide, Strategy):
             self.download_arrays()
         return round_config(server_round, **self._broadcast_counts, **extra)
 
+    def configure_phase(self, server_round: int, parameters: Parameters,
+                        client_manager: ClientManager) -> tuple[str, list[tuple[ClientProxy, FitIns]]] | None:
+        """A phase the round loop runs before ``server_round``'s fit (default: none): its name and the fit
+        messages to send (JDFL's pseudo-domain discovery before round 1)."""
+        return None
+
+    def aggregate_phase(self, name: str, server_round: int, results: list[tuple[ClientProxy, FitRes]],
+                        failures: list[Any]) -> Parameters | None:
+        """The replies of the phase :meth:`configure_phase` asked for; returns the parameters the round
+        starts from (None: unchanged)."""
+        raise FedpersError(f"{type(self).__name__} asked for phase '{name}' but does not aggregate it")
+
     # --- checkpoint / resume (fedpers/core/checkpoint.py) ------------------------------------------------
     def extra_state(self) -> dict[str, Any]:
         """Method-specific server state to checkpoint: name -> ndarray or JSON value (default: none)."""
@@ -294,6 +306,7 @@ class FedPersStrategy(ContractSide, Strategy):
                       failures: list[Any]) -> tuple[Parameters | None, dict[str, Scalar]]:
         """Validate every update, drop the bad ones (logged), and aggregate the rest; first, the record of a
         pending previous round with the evaluations these replies carry."""
+        results = self.in_partition_order(results)
         if self._pending is not None:
             self._complete_pending(results)
         valid: Updates = {}
@@ -318,7 +331,7 @@ class FedPersStrategy(ContractSide, Strategy):
                 self.last_fit_digest[pid] = str(res.metrics["state_digest"])
         for failure in failures:
             self._round["failures"] += 1
-            log(WARNING, "round %d: a client failed during fit: %s", server_round, _describe_failure(failure))
+            log(WARNING, "round %d: a client failed during fit: %s", server_round, describe_failure(failure))
         if len(valid) < self.cfg.min_fit_updates:
             raise FedpersError(
                 f"round {server_round}: {len(valid)} valid client updates, fewer than min_fit_updates="
@@ -326,6 +339,16 @@ class FedPersStrategy(ContractSide, Strategy):
             )
         self.apply_aggregate(server_round, self.aggregate(server_round, valid))
         return ndarrays_to_parameters(self.download_arrays()), {}
+
+    def in_partition_order(self, results: list[tuple[ClientProxy, Any]]) -> list[tuple[ClientProxy, Any]]:
+        """``results`` sorted by partition id (nodes without one last, by node id): the round loop hands
+        replies over in completion order, and float sums over clients must not depend on which finished
+        first, so every engine aggregates the same numbers in the same order."""
+        def key(pair: tuple[ClientProxy, Any]) -> tuple[int, int, str]:
+            pid = self.partition_of.get(pair[0].cid)
+            return (0, pid, "") if isinstance(pid, int) else (1, 0, str(pair[0].cid))
+
+        return sorted(results, key=key)
 
     def _upload_of(self, res: FitRes, pid: Any) -> tuple[dict[str, list[np.ndarray]], str | None]:
         """A fit reply's sections by name and why it must not be aggregated (None when it may): undecodable,
@@ -392,11 +415,12 @@ class FedPersStrategy(ContractSide, Strategy):
                            failures: list[Any]) -> tuple[float | None, dict[str, Scalar]]:
         """Personalized macro accuracy: the mean over clients of each client's own test accuracy (the
         round's record waits for the evaluations carried by the next round's fit replies, if any)."""
+        results = self.in_partition_order(results)
         evaluations = [(float(res.loss), int(res.num_examples), dict(res.metrics)) for _, res in results]
         self._round.setdefault("evaluations", []).extend(evaluations)
         for failure in failures:
             self._round["failures"] += 1
-            log(WARNING, "round %d: a client failed during evaluate: %s", server_round, _describe_failure(failure))
+            log(WARNING, "round %d: a client failed during evaluate: %s", server_round, describe_failure(failure))
         self._end_evaluation(server_round)
         total = sum(n for _, n, _ in evaluations)
         loss = sum(l * n for l, n, _ in evaluations) / total if total else None
@@ -604,7 +628,8 @@ def _mean(values) -> float | None:
     return float(np.mean(vals)) if vals else None
 
 
-def _describe_failure(failure: Any) -> str:
+def describe_failure(failure: Any) -> str:
+    """One line on a failed client message: the exception, or the reply's status (Flower hands over either)."""
     if isinstance(failure, BaseException):
         return f"{type(failure).__name__}: {failure}"
     if isinstance(failure, tuple) and len(failure) == 2:

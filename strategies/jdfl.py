@@ -2,10 +2,10 @@
 hard`` next to ``method: fedavg | scaffold | feddyn | feddc | fedproc | moon``); no optimizer code is
 copied: :func:`with_jdfl` composes :class:`JDFLStrategyMixin` with the method's class.
 
-Where JDFL sits in the round structure (our choice): **Phase 1 runs inside round 1's configure_fit**,
-before the round's clients are sampled. The server sends the seeded initial model theta^0 (C-class head)
-to *every* client through Flower's client proxies (``ClientProxy.fit`` with config
-``jdfl_phase=discovery``, in parallel, as the base strategy asks partition ids); each client trains E0
+Where JDFL sits in the round structure (our choice): **Phase 1 is a phase of round 1 in the round loop**
+(``configure_phase`` / ``aggregate_phase``, run by fedpers' one loop before round 1's clients are sampled).
+The server sends the seeded initial model theta^0 (C-class head) to *every* client (a fit message with
+config ``jdfl_phase=discovery``, through Flower's ``fit_clients`` as a round's fit); each client trains E0
 epochs of plain cross-entropy SGD from theta^0 and returns only its update on the layer subset
 (``jdfl_layers``). The server checks every update (shapes, finiteness), l2-normalises, clusters with
 K-means and picks M (fixed ``jdfl_m``, elbow or silhouette), records z_i, centroids and the ARI against
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import time
-from concurrent.futures import ThreadPoolExecutor
 from logging import INFO, WARNING
 from typing import Any
 
@@ -41,7 +40,7 @@ from fedpers.core.models import expand_head, get_arrays, layer_subset_names
 from fedpers.core.training import predict_logits
 from fedpers.core.validation import update_problem
 from fedpers.core.wire import JDFL_ROW, MODEL_SECTION, float_row, join_sections, round_config, split_sections
-from strategies.base import parameters_nbytes
+from strategies.base import describe_failure, parameters_nbytes
 
 
 
@@ -53,40 +52,48 @@ class JDFLStrategyMixin:
 
     def __init__(self, *args, **kwargs):
         self.discovery = None
+        self._discovery_bytes = 0  # Phase 1's traffic, counted in round 1's bytes
+        self._discovery_started = 0.0
         self.jdfl_info: dict[str, Any] = {}
         self.client_rows: dict[int, np.ndarray] = {}
         super().__init__(*args, **kwargs)
 
     # --- Phase 1 + 2 -------------------------------------------------------------------------------------
-    def run_discovery(self, client_manager, server_round: int) -> int:
-        """Phase 1 on every connected client, then Phase 2 (head expansion). Returns the bytes sent."""
-        cfg = self.cfg
+    def configure_phase(self, server_round, parameters, client_manager):
+        """Phase 1, before round 1 (while no discovery is installed): theta^0 to every connected client with
+        ``jdfl_phase=discovery``. Returns ``("discovery", [(proxy, FitIns), ...])`` or None."""
+        if self.discovery is not None:
+            return None
+        self._discovery_started = time.perf_counter()
         proxies = self._proxies_by_partition(client_manager, server_round)
+        arrays, counts = join_sections({MODEL_SECTION: get_arrays(self.model, "all")}, DISCOVERY_BROADCAST)
+        ins = FitIns(ndarrays_to_parameters(arrays), round_config(0, jdfl_phase="discovery", **counts))
+        self._discovery_bytes = parameters_nbytes(ins.parameters) * len(proxies)
+        return "discovery", [(proxies[pid], ins) for pid in sorted(proxies)]
+
+    def aggregate_phase(self, name, server_round, results, failures):
+        """Phase 1's replies: check each update (shapes, finiteness), cluster them (K-means, M), then Phase 2
+        (head expansion). Returns the parameters round 1 starts from."""
+        cfg = self.cfg
         names = layer_subset_names(self.model, cfg.jdfl_layers)
         state = self.model.state_dict()
         shapes = [tuple(state[n].shape) for n in names]
-        arrays, counts = join_sections({MODEL_SECTION: get_arrays(self.model, "all")}, DISCOVERY_BROADCAST)
-        params = ndarrays_to_parameters(arrays)
-        ins = FitIns(params, round_config(0, jdfl_phase="discovery", **counts))
-        timeout = cfg.round_timeout or None
-        with ThreadPoolExecutor(max_workers=min(16, max(1, len(proxies)))) as pool:
-            futures = {pid: pool.submit(proxy.fit, ins, timeout=timeout, group_id=server_round)
-                       for pid, proxy in proxies.items()}
         vectors: dict[int, np.ndarray] = {}
-        nbytes = parameters_nbytes(params) * len(proxies)
-        for pid, future in sorted(futures.items()):
+        for proxy, res in self.in_partition_order(results):
+            pid = self.partition_of[proxy.cid]
+            self._discovery_bytes += parameters_nbytes(res.parameters)
             try:
-                res = future.result()
-                nbytes += parameters_nbytes(res.parameters)
                 arrays = split_sections(parameters_to_ndarrays(res.parameters), res.metrics,
                                         DISCOVERY_UPLOAD)["discovery_update"]
                 problem = update_problem(arrays, shapes, res.num_examples, self._max_samples(pid))
-            except Exception as exc:  # a client lost during discovery
+            except Exception as exc:  # an undecodable reply
                 problem = f"{type(exc).__name__}: {exc}"
             if problem:
                 log(WARNING, "JDFL discovery: update of client %s left out: %s", pid, problem)
                 continue
             vectors[pid] = np.concatenate([np.asarray(a, np.float64).ravel() for a in arrays])
+        for failure in failures:  # a client lost during discovery
+            log(WARNING, "JDFL discovery: a client failed: %s", describe_failure(failure))
         if not vectors:
             raise FedpersError("JDFL discovery: no client returned a valid update vector")
         pids = sorted(vectors)
@@ -97,7 +104,8 @@ class JDFLStrategyMixin:
             assignments.setdefault(p, 0)
         self.install_discovery(found.num_domains, assignments, found.centroids,
                                info={**found.to_json(), "clustered_clients": pids})
-        return nbytes
+        self.jdfl_info["discovery_seconds"] = time.perf_counter() - self._discovery_started
+        return ndarrays_to_parameters(self.download_arrays())
 
     def install_discovery(self, num_domains: int, assignments: dict[int, int], centroids: np.ndarray,
                           info: dict[str, Any] | None = None) -> None:
@@ -128,13 +136,12 @@ class JDFLStrategyMixin:
 
     # --- Flower Strategy hooks ------------------------------------------------------------------------------
     def configure_fit(self, server_round, parameters, client_manager):
-        """Round 1: discovery first (Phase 1-2); every round: per-client M and target row in the config."""
-        discovery_bytes = 0
+        """Every round: per-client M and target row in the config (round 1 also records the discovery's
+        traffic and time: the phase before it)."""
         if self.discovery is None:
-            started = time.perf_counter()
-            discovery_bytes = self.run_discovery(client_manager, server_round)
-            self.jdfl_info["discovery_seconds"] = time.perf_counter() - started
-            parameters = ndarrays_to_parameters(self.download_arrays())
+            raise FedpersError("JDFL: round %d has no discovered pseudo-domains; the round loop runs the "
+                               "discovery phase first (configure_phase)" % server_round)
+        discovery_bytes, self._discovery_bytes = self._discovery_bytes, 0
         pairs = super().configure_fit(server_round, parameters, client_manager)
         if discovery_bytes:
             self._round["bytes_down"] += discovery_bytes  # discovery traffic belongs to round 1

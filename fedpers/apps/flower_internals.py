@@ -14,6 +14,7 @@ from typing import Any
 
 from flwr.common import log
 from flwr.server import History, Server
+from flwr.server.server import fit_clients
 
 
 def run_simulation_engine(*, num_supernodes: int, client_app_attr: str, server_app, backend_config: dict,
@@ -42,26 +43,38 @@ def run_simulation_engine(*, num_supernodes: int, client_app_attr: str, server_a
 
 
 class ResumableServer(Server):
-    """Flower's legacy ``Server`` whose round loop starts at ``start_round`` (1 = a fresh run): resume
-    after a checkpoint (fedpers/core/checkpoint.py).
+    """fedpers' one round loop: Flower's legacy ``Server`` loop, starting at ``start_round`` (1 = a fresh run;
+    later: resume after a checkpoint, fedpers/core/checkpoint.py) and ending after ``stop_after`` (None: the
+    config's rounds). Every engine drives it: the simulation and a deployment (the ServerApp, through
+    ``start_grid``) and the in-process engine (:mod:`fedpers.apps.inprocess`, with in-process proxies).
 
-    Why a copy: ``Server.fit`` always counts from round 1 and has no hook for the first round; this copy
-    of its loop (and its call of the private ``Server._get_initial_parameters``) differs only in the
-    first round.
+    Why a copy: ``Server.fit`` always counts from round 1 and has no hook for the first or the last round;
+    this copy of its loop (and its call of the private ``Server._get_initial_parameters``) differs only there.
+    A fresh run evaluates the initial parameters (round 0) as ``Server.fit`` does; a resumed one does not.
+    A round may open with a phase the strategy asks for (:meth:`run_phase`: JDFL's discovery before round 1).
     """
 
-    def __init__(self, *, start_round: int = 1, **kwargs: Any):
+    def __init__(self, *, start_round: int = 1, stop_after: int | None = None, **kwargs: Any):
         super().__init__(**kwargs)
         self.start_round = int(start_round)
+        self.stop_after = stop_after
 
     def fit(self, num_rounds: int, timeout: float | None) -> tuple[History, float]:  # noqa: D102
         history = History()
-        log(INFO, "[INIT] resuming at round %s of %s", self.start_round, num_rounds)
+        if self.start_round > 1:
+            log(INFO, "[INIT] resuming at round %s of %s", self.start_round, num_rounds)
         self.parameters = self._get_initial_parameters(server_round=0, timeout=timeout)
+        if self.start_round == 1:
+            res = self.strategy.evaluate(0, parameters=self.parameters)
+            if res is not None:
+                history.add_loss_centralized(server_round=0, loss=res[0])
+                history.add_metrics_centralized(server_round=0, metrics=res[1])
+        last = num_rounds if self.stop_after is None else min(num_rounds, self.stop_after)
         start_time = timeit.default_timer()
-        for current_round in range(self.start_round, num_rounds + 1):
+        for current_round in range(self.start_round, last + 1):
             log(INFO, "")
             log(INFO, "[ROUND %s]", current_round)
+            self.run_phase(current_round, timeout)
             res_fit = self.fit_round(server_round=current_round, timeout=timeout)
             if res_fit is not None:
                 parameters_prime, fit_metrics, _ = res_fit
@@ -77,3 +90,20 @@ class ResumableServer(Server):
                 history.add_loss_distributed(server_round=current_round, loss=res_fed[0])
                 history.add_metrics_distributed(server_round=current_round, metrics=res_fed[1])
         return history, timeit.default_timer() - start_time
+
+    def run_phase(self, server_round: int, timeout: float | None) -> None:
+        """A phase before the round's fit, if the strategy asks for one: its ``configure_phase(round,
+        parameters, client_manager)`` gives ``(name, [(proxy, FitIns), ...])`` or None; the clients' replies
+        (through Flower's ``fit_clients``, as a round's fit) go to its ``aggregate_phase(name, round, results,
+        failures)``, which returns the parameters the round starts from (None: unchanged)."""
+        configure = getattr(self.strategy, "configure_phase", None)
+        asked = configure(server_round, self.parameters, self._client_manager) if configure else None
+        if not asked:
+            return
+        name, instructions = asked
+        log(INFO, "[ROUND %s] phase '%s' on %s clients", server_round, name, len(instructions))
+        results, failures = fit_clients(instructions, max_workers=self.max_workers, timeout=timeout,
+                                        group_id=server_round)
+        parameters = self.strategy.aggregate_phase(name, server_round, results, failures)
+        if parameters is not None:
+            self.parameters = parameters

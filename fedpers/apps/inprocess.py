@@ -1,14 +1,14 @@
-"""Run one experiment in this process, without Ray: the Strategy's round loop with in-process clients.
+"""Run one experiment in this process, without Ray: the one round loop with in-process clients.
 
-The same ``server_fn`` and method clients as the simulation engine, driven through Flower's public
-``Strategy``/``ClientProxy`` API; clients are handled one after another in partition order, so a run is
-deterministic and cheap enough for tests (the regression runs of ``tests/test_regression.py``). Each client
-keeps one ``Context`` for the whole run, as a SuperNode does, so its persistent state survives rounds.
+The same ``server_fn``, round loop (:func:`fedpers.apps.server_app.round_loop`) and method clients as the
+simulation engine; the loop's client manager holds in-process ``ClientProxy`` objects, and one worker runs
+the clients one after another, so a run is deterministic and cheap enough for tests (the regression runs of
+``tests/test_regression.py``). Each client keeps one ``Context`` for the whole run, as a SuperNode does, so
+its persistent state survives rounds.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 from flwr.app import Context, RecordDict
@@ -51,38 +51,19 @@ class InProcessClientProxy(ClientProxy):
 def run_in_process(cfg: Config, *, stop_after: int | None = None) -> None:
     """Run ``cfg`` in this process (``num_clients`` in-process clients); results land in ``cfg.out_dir``.
 
-    The round loop of Flower's ``Server.fit`` (fit, central evaluate, federated evaluate), with the
-    results of a round in partition order: ``Server`` hands them over in completion order, which makes
-    float sums (and FedAS's weight list) differ between two runs of the same arithmetic. ``resume: true``
-    continues after the checkpoint's round (``fedpers.apps.flower_internals.ResumableServer``'s first round);
-    ``stop_after`` ends the loop after that round's evaluate phase, as a server killed there would."""
-    from fedpers.apps.server_app import server_fn
+    ``resume: true`` continues after the checkpoint's round, as the ServerApp does; ``stop_after`` ends the
+    loop after that round's evaluate phase, as a server killed there would."""
+    from fedpers.apps.server_app import round_loop, server_fn
     from fedpers.registry.methods import client_for_message
 
     run_config = cfg.to_dict()
     components = server_fn(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config=run_config))
-    strategy = components.strategy if components.server is None else components.server.strategy
-    first = 1 if components.server is None else components.server.start_round
     manager = SimpleClientManager()
     for pid in range(cfg.num_clients):
         context = Context(run_id=0, node_id=pid + 1, state=RecordDict(), run_config=run_config,
                           node_config={"partition-id": pid, "num-partitions": cfg.num_clients})
         manager.register(InProcessClientProxy(str(pid + 1), lambda c=context: client_for_message(cfg, c)))
-    parameters = strategy.initialize_parameters(manager)
-    strategy.evaluate(0, parameters)
-    for server_round in range(first, min(components.config.num_rounds, stop_after or math.inf) + 1):
-        fit = _in_order(strategy.configure_fit(server_round, parameters, manager))
-        results = [(proxy, proxy.fit(ins, None, server_round)) for proxy, ins in fit]
-        aggregated, _ = strategy.aggregate_fit(server_round, results, [])
-        if aggregated is not None:
-            parameters = aggregated
-        strategy.evaluate(server_round, parameters)
-        evaluate = _in_order(strategy.configure_evaluate(server_round, parameters, manager))
-        if evaluate:
-            results = [(proxy, proxy.evaluate(ins, None, server_round)) for proxy, ins in evaluate]
-            strategy.aggregate_evaluate(server_round, results, [])
-
-
-def _in_order(instructions: list) -> list:
-    """Instructions sorted by node id (node ids follow partition ids here)."""
-    return sorted(instructions, key=lambda pair: int(pair[0].cid))
+    server = round_loop(components.server.strategy, start_round=components.server.start_round,
+                        client_manager=manager, stop_after=stop_after)
+    server.set_max_workers(1)  # one client at a time, in the order the strategy configured them
+    server.fit(components.config.num_rounds, timeout=None)

@@ -48,7 +48,19 @@ def server_fn(context: Context) -> ServerAppComponents:
         from flwr.common import log
 
         log(INFO, "fedpers: resume=true but no checkpoint in %s yet: starting at round 1", cfg.checkpoint_dir)
-    return ServerAppComponents(strategy=strategy, config=config)
+    return ServerAppComponents(server=round_loop(strategy), config=config)
+
+
+def round_loop(strategy, *, start_round: int = 1, client_manager=None, stop_after: int | None = None):
+    """The one round loop every engine runs (:class:`fedpers.apps.flower_internals.ResumableServer`), for
+    ``strategy`` from ``start_round`` on; ``client_manager``: Flower's ``SimpleClientManager`` unless the
+    engine brings its own (the in-process engine's proxies)."""
+    from flwr.server import SimpleClientManager
+
+    from fedpers.apps.flower_internals import ResumableServer
+
+    return ResumableServer(start_round=start_round, stop_after=stop_after, strategy=strategy,
+                           client_manager=client_manager or SimpleClientManager())
 
 
 def check_run_dir(cfg: Config) -> dict | None:
@@ -81,17 +93,13 @@ def checkpoint_to_resume(cfg: Config) -> dict | None:
 def _resume(cfg: Config, strategy, config: ServerConfig, state: dict) -> ServerAppComponents:
     """Load the checkpoint ``state`` into ``strategy`` and start the round loop after its round."""
     from flwr.common import log
-    from flwr.server import SimpleClientManager
-
-    from fedpers.apps.flower_internals import ResumableServer
 
     strategy.load_state_dict(state)
     done = int(state["round"])
     log(INFO, "fedpers: resuming from %s after round %d of %d", checkpoint_path(cfg.checkpoint_dir), done, cfg.rounds)
     if done >= cfg.rounds and strategy.history:
         strategy.write_summary()  # nothing left to run; the summary reflects the checkpoint
-    server = ResumableServer(start_round=done + 1, client_manager=SimpleClientManager(), strategy=strategy)
-    return ServerAppComponents(server=server, config=config)
+    return ServerAppComponents(server=round_loop(strategy, start_round=done + 1), config=config)
 
 
 server_app = ServerApp()
@@ -99,8 +107,8 @@ server_app = ServerApp()
 
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
-    """The run: :func:`server_fn`'s components in Flower's legacy round loop, replies collected every
-    ``reply_poll_interval`` seconds."""
+    """The run: :func:`server_fn`'s components in the one round loop (:func:`round_loop`), replies collected
+    every ``reply_poll_interval`` seconds."""
     components = server_fn(context)
     start_grid(grid=PromptReplyGrid(grid, config_of(context).reply_poll_interval), server=components.server,
                config=components.config, strategy=components.strategy, client_manager=components.client_manager)
