@@ -76,7 +76,7 @@ def replay_round(cfg, server_round: int = 2) -> dict[str, float]:
     t = time.perf_counter()
     strategy = strategy_class_for(cfg)(cfg, fed, None)
     timings["server set-up (incl. initial calibration)"] = time.perf_counter() - t
-    strategy.start_round()
+    strategy.book.start()
     broadcast = strategy.download_arrays()
     # the message config with the broadcast's section counts (trees before issue 18 sent the round only)
     config = (strategy.message_config(server_round) if hasattr(strategy, "message_config")

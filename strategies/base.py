@@ -14,16 +14,17 @@ fit message (``fedpers.core.wire.EVALUATE_ROUND``) instead of an evaluate messag
 bring the rest (:meth:`FedPersStrategy.aggregate_fit`). The last round always evaluates everyone itself.
 
 A method subclass says which part of the model is broadcast (``download_part``) and uploaded
-(``upload_part``) and may override :meth:`prepare_global_model` and :meth:`apply_aggregate`.
+(``upload_part``) and may override :meth:`prepare_global_model` and :meth:`apply_aggregate`. The round
+mechanics (which node is which partition, the seeded samples, the round's record, pending rounds, totals,
+summary.json) are :mod:`strategies.rounds`' ``ClientRoster`` (``self.roster``) and ``RoundBook``
+(``self.book``); the strategy keeps Flower's hooks and the hooks a method overrides.
 """
 
 from __future__ import annotations
 
 import math
-import time
-from concurrent.futures import ThreadPoolExecutor
-from logging import INFO, WARNING
-from typing import Any, NamedTuple, TypedDict
+from logging import WARNING
+from typing import Any, NamedTuple
 
 import numpy as np
 from flwr.common import (
@@ -31,7 +32,6 @@ from flwr.common import (
     EvaluateRes,
     FitIns,
     FitRes,
-    GetPropertiesIns,
     Parameters,
     Scalar,
     log,
@@ -45,14 +45,13 @@ from flwr.server.strategy import Strategy
 from fedpers.core.errors import FedpersError
 from fedpers.core.federation import Federation
 from fedpers.core.models import array_shapes, build_model, get_arrays, set_arrays
-from fedpers.core.progress import format_round_line
-from fedpers.core.results import ACCURACY_PREFIXES, VALIDATION_PREFIX, ResultsWriter, accuracy_summary
+from fedpers.core.results import ResultsWriter
 from fedpers.core.schema import Config
-from fedpers.core.seeds import EVALUATION_SAMPLE, derived_seed
 from fedpers.core.training import accuracy_and_loss, predict_logits, resolve_device
 from fedpers.core.validation import aggregate_updates, update_problem
-from fedpers.core.wire import (MODEL_SECTION, WHOLE_MODEL, Contract, ContractSide, SectionError, carried_evaluation_of,
+from fedpers.core.wire import (MODEL_SECTION, WHOLE_MODEL, Contract, ContractSide, SectionError,
                           join_sections, round_config, split_sections, with_evaluation)
+from strategies.rounds import ClientRoster, RoundBook, mean_of
 
 
 class Upload(NamedTuple):
@@ -65,31 +64,6 @@ class Upload(NamedTuple):
 
 # The validated uploads of a round: partition id -> its Upload, in arrival order.
 Updates = dict[int, Upload]
-
-
-class RoundState(TypedDict, total=False):
-    """What a strategy gathers during one round for its record (``FedPersStrategy._round``): reset by
-    ``start_round`` (configure_fit), turned into the round's line of metrics.jsonl by ``_finish_round``,
-    and checkpointed as it is while the round is pending (so: JSON-serializable values). A method keeps its own
-    per-round values in ``method`` (:meth:`FedPersStrategy.round_values`), never as keys of their own here."""
-
-    start: float  # perf_counter at configure_fit
-    end: float  # perf_counter when the evaluate phase ended (pending rounds)
-    bytes_up: int
-    bytes_down: int  # broadcasts actually sent: fit, evaluate, JDFL discovery
-    losses: list  # (train loss, samples) of each valid update
-    rejected: int  # updates refused by validation
-    failures: int  # fit and evaluate failures
-    fit_clients: list  # partition ids sampled for fit
-    fit_nodes: dict  # partition id (str) -> node that trained it
-    global_acc: float | None  # central evaluation of the shared model
-    per_client_from_global: dict  # personalized_is_global: partition id -> accuracy read off that evaluation
-    eval_counts: dict  # partition id -> test samples
-    evaluations: list  # (loss, examples, metrics) of each evaluate reply, sent or carried
-    deferred: list  # partition ids whose evaluation comes with the next round's fit replies
-    extras: dict  # method metrics of the round, copied into the record
-    method: dict  # a method's own per-round values by its own names, for its own use (FedEAGD's fit sizes)
-PERSONAL_ACC_PREFIX = "acc_"  # extra client metrics "acc_<name>" become "personalized_macro_acc_<name>"
 
 
 def parameters_nbytes(parameters: Parameters) -> int:
@@ -118,19 +92,14 @@ class FedPersStrategy(ContractSide, Strategy):
     def __init__(self, cfg: Config, federation: Federation, writer: ResultsWriter | None = None):
         self.cfg = cfg
         self.federation = federation
-        self.writer = writer
         self.device = resolve_device(cfg.device)
         self.model = build_model(federation.input_shape, federation.num_classes, feature_dim=cfg.feature_dim,
                                  dropout=cfg.dropout, seed=cfg.seed, kind=cfg.model_kind or self.model_kind).to(self.device)
         self.upload_shapes = array_shapes(self.model, self.upload_part)
-        self.partition_of: dict[str, int] = {}  # Flower node id -> partition id
-        self.last_fit_digest: dict[int, str] = {}  # partition id -> digest of its state after its last fit
-        self.history: list[dict[str, Any]] = []
-        self.started = time.perf_counter()
-        self.totals = {"bytes_up": 0, "bytes_down": 0}
-        self._round: RoundState = {}
-        # a round whose evaluation waits for the next round's fit replies: {"round": t, "state": its RoundState}
-        self._pending: dict[str, Any] | None = None
+        self.roster = ClientRoster(cfg, federation)  # node -> partition, the seeded samples of a round
+        # the run's record: the round being gathered, finished rounds, pending round, totals, summary.json
+        self.book = RoundBook(cfg, federation, writer, checkpoint=self.save_checkpoint,
+                              summary_extras=self.summary_extras, metric=self.metric)
         self._broadcast_counts: dict[str, int] | None = None  # the section counts of the last download_arrays()
         self.prepare_global_model()
 
@@ -206,18 +175,13 @@ class FedPersStrategy(ContractSide, Strategy):
         """Restore what :meth:`extra_state` returned (default: nothing to do)."""
 
     def state_dict(self) -> dict[str, Any]:
-        """Server state after the last finished round: global model, round, history, totals, RNG."""
+        """Server state after the last finished round: the record (:meth:`RoundBook.state_dict`: round,
+        history, totals, ...), the global model, the RNG and the method's own state."""
         import torch
 
-        done = self.history[-1]["round"] if self.history else 0
         return {
-            "round": max(done, self._pending["round"]) if self._pending else done,
-            "pending": self._pending,
+            **self.book.state_dict(),
             "model": {k: v.detach().cpu().numpy() for k, v in self.model.state_dict().items()},
-            "history": list(self.history),
-            "totals": dict(self.totals),
-            "last_fit_digest": {str(k): v for k, v in self.last_fit_digest.items()},
-            "elapsed": time.perf_counter() - self.started,
             "torch_rng": torch.get_rng_state().numpy(),
             "extra": self.extra_state(),
         }
@@ -228,17 +192,10 @@ class FedPersStrategy(ContractSide, Strategy):
 
         tensors = {k: torch.as_tensor(np.asarray(v)) for k, v in state["model"].items()}
         self.model.load_state_dict(tensors)
-        self.history = list(state.get("history", []))
-        self.totals = {"bytes_up": 0, "bytes_down": 0, **state.get("totals", {})}
-        self.last_fit_digest = {int(k): str(v) for k, v in state.get("last_fit_digest", {}).items()}
-        self.started = time.perf_counter() - float(state.get("elapsed", 0.0))
         if state.get("torch_rng") is not None:
             torch.set_rng_state(torch.as_tensor(np.asarray(state["torch_rng"], dtype=np.uint8)))
         self.load_extra_state(dict(state.get("extra", {})))
-        self._pending = state.get("pending") or None
-        if self.writer is not None:
-            for record in self.history:
-                self.writer.append_round(record)
+        self.book.load_state_dict(state)
 
     def save_checkpoint(self) -> None:
         """Write :meth:`state_dict` to ``checkpoint_dir`` atomically (called after every round)."""
@@ -254,16 +211,16 @@ class FedPersStrategy(ContractSide, Strategy):
     def configure_fit(self, server_round: int, parameters: Parameters,
                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
         """Sample ``round(fraction_fit * K)`` clients by partition id with a per-round seeded RNG."""
-        self.start_round()
-        proxies = self._proxies_by_partition(client_manager, server_round)
-        chosen = self._fit_sample(server_round, proxies)
-        self._round["fit_clients"] = chosen
+        self.book.start()
+        proxies = self.roster.proxies(client_manager, server_round)
+        chosen = self.roster.fit_sample(server_round, proxies)
+        self.book.current["fit_clients"] = chosen
         ins = FitIns(parameters, self.message_config(server_round))
-        self._round["bytes_down"] += parameters_nbytes(parameters) * len(chosen)
-        if self._pending is None:
+        self.book.current["bytes_down"] += parameters_nbytes(parameters) * len(chosen)
+        if self.book.pending is None:
             return [(proxies[p], ins) for p in chosen]
-        carrying = FitIns(parameters, with_evaluation(ins.config, self._pending["round"]))
-        deferred = set(self._pending["state"]["deferred"])
+        carrying = FitIns(parameters, with_evaluation(ins.config, self.book.pending["round"]))
+        deferred = set(self.book.pending["state"]["deferred"])
         return [(proxies[p], carrying if p in deferred else ins) for p in chosen]
 
     def per_client_fit(self, pairs: list[tuple[ClientProxy, FitIns]],
@@ -277,78 +234,50 @@ class FedPersStrategy(ContractSide, Strategy):
         out = []
         sent = 0
         for proxy, ins in pairs:
-            arrays, counts = join_sections(content_for(self.partition_of[proxy.cid]), self.broadcast_sections)
+            arrays, counts = join_sections(content_for(self.roster.partition_of[proxy.cid]), self.broadcast_sections)
             params = ndarrays_to_parameters(arrays)
             sent += parameters_nbytes(params)
             out.append((proxy, FitIns(params, {**ins.config, **counts})))
-        self._round["bytes_down"] = sent
+        self.book.current["bytes_down"] = sent
         return out
-
-    def evaluation_sample(self, server_round: int) -> set[int] | None:
-        """The partition ids evaluated in ``server_round`` with ``eval_clients`` set (None: every client):
-        drawn from (seed, EVALUATION_SAMPLE, round) alone, so every method of a sweep at one seed evaluates
-        the same clients and their per-client comparisons stay paired."""
-        k, m = self.federation.num_clients, self.cfg.eval_clients
-        if m <= 0 or m >= k:
-            return None
-        rng = np.random.default_rng(derived_seed(self.cfg.seed, EVALUATION_SAMPLE, server_round))
-        return {int(p) for p in rng.choice(k, size=m, replace=False)}
-
-    def _fit_sample(self, server_round: int, proxies: dict[int, ClientProxy]) -> list[int]:
-        """The partition ids that train in ``server_round``: ``round(fraction_fit * K)`` drawn with an RNG
-        seeded by (seed, round), less those not connected."""
-        k = self.federation.num_clients
-        m = max(1, int(round(self.cfg.fraction_fit * k)))
-        rng = np.random.default_rng([self.cfg.seed, server_round])
-        return [int(p) for p in sorted(rng.choice(k, size=m, replace=False)) if int(p) in proxies]
 
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
                       failures: list[Any]) -> tuple[Parameters | None, dict[str, Scalar]]:
         """Validate every update, drop the bad ones (logged), and aggregate the rest; first, the record of a
         pending previous round with the evaluations these replies carry."""
-        results = self.in_partition_order(results)
-        if self._pending is not None:
-            self._complete_pending(results)
+        results = self.roster.in_partition_order(results)
+        if self.book.pending is not None:
+            self.book.complete_pending(results, self.finish_round)
         valid: Updates = {}
         for proxy, res in results:
-            self._round["bytes_up"] += parameters_nbytes(res.parameters)
-            pid = self.partition_of.get(proxy.cid, "?")
+            self.book.current["bytes_up"] += parameters_nbytes(res.parameters)
+            pid = self.roster.partition_of.get(proxy.cid, "?")
             sections, problem = self._upload_of(res, pid)
             if not problem and (not isinstance(pid, int) or pid in valid):
                 problem = "no partition id for this node" if not isinstance(pid, int) else "a second update this round"
             if problem:
-                self._round["rejected"] += 1
+                self.book.current["rejected"] += 1
                 log(WARNING, "round %d: rejected update from client %s (node %s): %s",
                     server_round, pid, proxy.cid, problem)
                 continue
             valid[pid] = Upload(sections.pop(MODEL_SECTION, []), int(res.num_examples), sections)
             if "node" in res.metrics:
-                self._round["fit_nodes"][str(pid)] = str(res.metrics["node"])
+                self.book.current["fit_nodes"][str(pid)] = str(res.metrics["node"])
             loss = res.metrics.get("train_loss")
             if isinstance(loss, (int, float)) and math.isfinite(loss):
-                self._round["losses"].append((float(loss), int(res.num_examples)))
+                self.book.current["losses"].append((float(loss), int(res.num_examples)))
             if "state_digest" in res.metrics:
-                self.last_fit_digest[pid] = str(res.metrics["state_digest"])
+                self.book.last_fit_digest[pid] = str(res.metrics["state_digest"])
         for failure in failures:
-            self._round["failures"] += 1
+            self.book.current["failures"] += 1
             log(WARNING, "round %d: a client failed during fit: %s", server_round, describe_failure(failure))
         if len(valid) < self.cfg.min_fit_updates:
             raise FedpersError(
                 f"round {server_round}: {len(valid)} valid client updates, fewer than min_fit_updates="
-                f"{self.cfg.min_fit_updates} ({self._round['rejected']} rejected, {self._round['failures']} failed)"
+                f"{self.cfg.min_fit_updates} ({self.book.current['rejected']} rejected, {self.book.current['failures']} failed)"
             )
         self.apply_aggregate(server_round, self.aggregate(server_round, valid))
         return ndarrays_to_parameters(self.download_arrays()), {}
-
-    def in_partition_order(self, results: list[tuple[ClientProxy, Any]]) -> list[tuple[ClientProxy, Any]]:
-        """``results`` sorted by partition id (nodes without one last, by node id): the round loop hands
-        replies over in completion order, and float sums over clients must not depend on which finished
-        first, so every engine aggregates the same numbers in the same order."""
-        def key(pair: tuple[ClientProxy, Any]) -> tuple[int, int, str]:
-            pid = self.partition_of.get(pair[0].cid)
-            return (0, pid, "") if isinstance(pid, int) else (1, 0, str(pair[0].cid))
-
-        return sorted(results, key=key)
 
     def _upload_of(self, res: FitRes, pid: Any) -> tuple[dict[str, list[np.ndarray]], str | None]:
         """A fit reply's sections by name and why it must not be aggregated (None when it may): undecodable,
@@ -362,52 +291,52 @@ class FedPersStrategy(ContractSide, Strategy):
         except SectionError as exc:
             return {}, str(exc)
         for name, shapes in self.upload_section_shapes().items():
-            problem = update_problem(sections[name], shapes, res.num_examples, self._max_samples(pid))
+            problem = update_problem(sections[name], shapes, res.num_examples, self.roster.max_samples(pid))
             if problem:
                 return {}, problem if name == MODEL_SECTION and len(sections) == 1 else f"section '{name}': {problem}"
         return sections, None
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
         """Global accuracy of the shared model on the whole test set (methods with a global model)."""
-        if server_round == 0 or not self.has_global_model or not self._is_eval_round(server_round):
-            self._round["global_acc"] = None
+        if server_round == 0 or not self.has_global_model or not self.book.is_eval_round(server_round):
+            self.book.current["global_acc"] = None
             return None
         test = self.federation.test(self.device)
         logits = predict_logits(self.model, test.x)
         acc, loss = accuracy_and_loss(logits, test.y)
-        self._round["global_acc"] = acc
+        self.book.current["global_acc"] = acc
         if self.personalized_is_global:
             positions = self.federation.test_positions()
             correct = (logits.argmax(dim=1) == test.y).cpu().numpy()
             # each client's accuracy: the mean over the positions of its own test split in the union
-            self._round["per_client_from_global"] = {pid: float(correct[pos].mean())
+            self.book.current["per_client_from_global"] = {pid: float(correct[pos].mean())
                                                      for pid, pos in enumerate(positions) if len(pos)}
-            self._round["eval_counts"] = {pid: len(pos) for pid, pos in enumerate(positions)}
+            self.book.current["eval_counts"] = {pid: len(pos) for pid, pos in enumerate(positions)}
         return loss, {"global_acc": acc}
 
     def configure_evaluate(self, server_round: int, parameters: Parameters,
                            client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:
         """Every client evaluates its personalized model (eval rounds only)."""
-        if not self._is_eval_round(server_round):
-            self._finish_round(server_round, None, {})
+        if not self.book.is_eval_round(server_round):
+            self.finish_round(server_round, None, {})
             return []
-        sample = self.evaluation_sample(server_round)
-        if self.personalized_is_global and "per_client_from_global" in self._round:
+        sample = self.roster.evaluation_sample(server_round)
+        if self.personalized_is_global and "per_client_from_global" in self.book.current:
             # no client state is involved: the evaluated model is the one the server holds
-            per_client = {pid: acc for pid, acc in self._round["per_client_from_global"].items()
+            per_client = {pid: acc for pid, acc in self.book.current["per_client_from_global"].items()
                           if sample is None or pid in sample}
-            self._finish_round(server_round, per_client, {"client_state_consistent": True})
+            self.finish_round(server_round, per_client, {"client_state_consistent": True})
             return []
-        proxies = self._proxies_by_partition(client_manager, server_round)
+        proxies = self.roster.proxies(client_manager, server_round)
         if sample is not None:
             proxies = {pid: proxy for pid, proxy in proxies.items() if pid in sample}
-        deferred = set(self._fit_sample(server_round + 1, proxies)) if self._carries(server_round) else set()
-        self._round["evaluations"] = []
-        self._round["deferred"] = sorted(deferred)
+        deferred = set(self.roster.fit_sample(server_round + 1, proxies)) if self._carries(server_round) else set()
+        self.book.current["evaluations"] = []
+        self.book.current["deferred"] = sorted(deferred)
         asked = [p for p in sorted(proxies) if p not in deferred]
-        self._round["bytes_down"] += parameters_nbytes(parameters) * len(asked)
+        self.book.current["bytes_down"] += parameters_nbytes(parameters) * len(asked)
         if not asked:  # Flower calls aggregate_evaluate only after messages were sent
-            self._end_evaluation(server_round)
+            self.book.end_evaluation(server_round, self.finish_round)
         ins = EvaluateIns(parameters, self.message_config(server_round))
         return [(proxies[p], ins) for p in asked]
 
@@ -415,16 +344,16 @@ class FedPersStrategy(ContractSide, Strategy):
                            failures: list[Any]) -> tuple[float | None, dict[str, Scalar]]:
         """Personalized macro accuracy: the mean over clients of each client's own test accuracy (the
         round's record waits for the evaluations carried by the next round's fit replies, if any)."""
-        results = self.in_partition_order(results)
+        results = self.roster.in_partition_order(results)
         evaluations = [(float(res.loss), int(res.num_examples), dict(res.metrics)) for _, res in results]
-        self._round.setdefault("evaluations", []).extend(evaluations)
+        self.book.current.setdefault("evaluations", []).extend(evaluations)
         for failure in failures:
-            self._round["failures"] += 1
+            self.book.current["failures"] += 1
             log(WARNING, "round %d: a client failed during evaluate: %s", server_round, describe_failure(failure))
-        self._end_evaluation(server_round)
+        self.book.end_evaluation(server_round, self.finish_round)
         total = sum(n for _, n, _ in evaluations)
         loss = sum(l * n for l, n, _ in evaluations) / total if total else None
-        return loss, {"personalized_macro_acc": _mean(float(m["acc"]) for _, _, m in evaluations)}
+        return loss, {"personalized_macro_acc": mean_of(float(m["acc"]) for _, _, m in evaluations)}
 
     # --- evaluations carried by the next round's fit messages ---------------------------------------
     def _carries(self, server_round: int) -> bool:
@@ -432,200 +361,10 @@ class FedPersStrategy(ContractSide, Strategy):
         return (self.cfg.evaluate_with_next_fit and self.fit_carries_evaluation
                 and server_round < self.cfg.rounds)
 
-    def _end_evaluation(self, server_round: int) -> None:
-        """The round's evaluate phase is over: write its record, or, while evaluations are still to come
-        with the next round's fit replies, keep it pending (checkpointed, so a resume asks for them again)."""
-        if not self._round.get("deferred"):
-            self._record_evaluations(server_round)
-            return
-        self._round["end"] = time.perf_counter()
-        self._pending = {"round": server_round, "state": self._round}
-        if self.cfg.checkpoint_dir:
-            self.save_checkpoint()
-
-    def _complete_pending(self, results: list[tuple[ClientProxy, FitRes]]) -> None:
-        """Write the pending round's record with the evaluations these fit replies carry."""
-        pending, self._pending = self._pending, None
-        state = pending["state"]
-        deferred = set(state["deferred"])
-        carried = set()
-        for _, res in results:
-            evaluation = carried_evaluation_of(res.metrics)
-            if evaluation is not None and int(evaluation[2].get("partition_id", -1)) in deferred - carried:
-                carried.add(int(evaluation[2]["partition_id"]))
-                state["evaluations"].append(evaluation)
-        if deferred - carried:
-            log(WARNING, "round %d: no evaluation came with the round %d fit replies of clients %s (lost or failed)",
-                pending["round"], pending["round"] + 1, sorted(deferred - carried))
-        current, self._round = self._round, state  # a method's _finish_round reads its round's counters
-        try:
-            self._record_evaluations(int(pending["round"]))
-        finally:
-            self._round = current
-
-    def _record_evaluations(self, server_round: int) -> None:
-        """The round's record from its clients' evaluations (``_round["evaluations"]``: loss, examples,
-        metrics of each evaluate reply, in or carried)."""
-        per_client: dict[int, float] = {}
-        per_client_val: dict[int, float] = {}
-        extras: dict[str, dict[int, float]] = {}
-        consistent = True
-        for _, examples, m in sorted(self._round.get("evaluations", []), key=lambda e: int(e[2]["partition_id"])):
-            pid = int(m["partition_id"])
-            per_client[pid] = float(m["acc"])
-            if VALIDATION_PREFIX + "acc" in m:
-                per_client_val[pid] = float(m[VALIDATION_PREFIX + "acc"])
-            self._round.setdefault("eval_counts", {})[pid] = int(examples)
-            for key, value in m.items():
-                # "acc_<name>" and, on the validation split, "val_acc_<name>"
-                for prefix in (PERSONAL_ACC_PREFIX, VALIDATION_PREFIX + PERSONAL_ACC_PREFIX):
-                    if key.startswith(prefix):
-                        extras.setdefault(key[: len(prefix) - len(PERSONAL_ACC_PREFIX)] + "personalized_macro_acc_"
-                                          + key[len(prefix):], {})[pid] = float(value)
-            if pid in self.last_fit_digest and "state_digest" in m:
-                consistent &= self.last_fit_digest[pid] == str(m["state_digest"])
-        record_extras: dict[str, Any] = {name: _mean(vals.values()) for name, vals in extras.items()}
-        # and each client's value behind it (per_client_acc_fair, ...), for comparisons paired per client
-        record_extras.update({name.replace("personalized_macro_acc", "per_client_acc"):
-                              {str(k): v for k, v in sorted(vals.items())} for name, vals in extras.items()})
-        if per_client_val:
-            # the validation split's figures (config key val_fraction): values are chosen on these
-            record_extras[VALIDATION_PREFIX + "personalized_macro_acc"] = _mean(per_client_val.values())
-            record_extras[VALIDATION_PREFIX + "per_client_acc"] = {str(k): v for k, v in sorted(per_client_val.items())}
-        record_extras["client_state_consistent"] = consistent
-        self._finish_round(server_round, per_client, record_extras)
-
-    # --- helpers ----------------------------------------------------------------------------------
-    def round_values(self) -> dict[str, Any]:
-        """The method's own values of the current round (``RoundState.method``), reset with the round and
-        checkpointed with it while it is pending."""
-        return self._round.setdefault("method", {})
-
-    def start_round(self) -> None:
-        """Reset the per-round counters (called by configure_fit)."""
-        self._round = {"start": time.perf_counter(), "bytes_up": 0, "bytes_down": 0, "losses": [],
-                       "rejected": 0, "failures": 0, "fit_clients": [], "fit_nodes": {}}
-
-    def _is_eval_round(self, server_round: int) -> bool:
-        return server_round > 0 and (server_round % self.cfg.eval_every == 0 or server_round == self.cfg.rounds)
-
-    def _max_samples(self, pid: Any) -> int | None:
-        """Largest plausible sample count of an update: the config bound, else the client's train size."""
-        if self.cfg.max_update_samples > 0:
-            return self.cfg.max_update_samples
-        return len(self.federation.partition.train[pid]) if isinstance(pid, int) else None
-
-    def _proxies_by_partition(self, client_manager: ClientManager, server_round: int) -> dict[int, ClientProxy]:
-        """Map partition id -> ClientProxy, asking each newly seen node its partition id once (in parallel).
-
-        Waits for all ``num_clients`` nodes before the first round only. Later rounds use the nodes that
-        are connected: a lost node's partition is skipped (deployment), a node that (re)joins is asked.
-        """
-        if not self.partition_of:
-            client_manager.wait_for(self.federation.num_clients)
-        nodes = client_manager.all()
-        new = [(cid, proxy) for cid, proxy in nodes.items() if cid not in self.partition_of]
-        if new:
-            timeout = self.cfg.round_timeout or None
-            with ThreadPoolExecutor(max_workers=min(16, len(new))) as pool:
-                futures = {cid: pool.submit(proxy.get_properties, GetPropertiesIns(config={}), timeout=timeout,
-                                            group_id=server_round) for cid, proxy in new}
-            for cid, future in futures.items():
-                try:
-                    pid = int(future.result().properties["partition_id"])
-                except Exception as exc:  # a node lost before answering: retried when seen again
-                    log(WARNING, "round %d: node %s did not report its partition id: %s", server_round, cid, exc)
-                    continue
-                if not 0 <= pid < self.federation.num_clients:
-                    raise FedpersError(f"node {cid} reports partition-id {pid}, outside 0..{self.federation.num_clients - 1}")
-                self.partition_of[cid] = pid
-        proxies: dict[int, ClientProxy] = {}
-        for cid, proxy in nodes.items():
-            if cid in self.partition_of:
-                proxies[self.partition_of[cid]] = proxy  # a rejoined node (registered later) wins
-        return proxies
-
-    def _finish_round(self, server_round: int, per_client: dict[int, float] | None, extras: dict[str, Any]) -> None:
-        r = self._round
-        losses = r.get("losses", [])
-        n = sum(c for _, c in losses)
-        record: dict[str, Any] = {
-            "round": server_round,
-            "global_acc": r.get("global_acc"),
-            "personalized_macro_acc": _mean(per_client.values()) if per_client else None,
-            "personalized_weighted_acc": weighted_mean(per_client, r.get("eval_counts", {})) if per_client else None,
-            "per_client_acc": {str(k): v for k, v in sorted(per_client.items())} if per_client else None,
-            "evaluated_clients": len(per_client) if per_client else 0,
-            "train_loss": sum(l * c for l, c in losses) / n if n else None,
-            "bytes_up": r.get("bytes_up", 0),
-            "bytes_down": r.get("bytes_down", 0),
-            "round_seconds": r.get("end", time.perf_counter()) - r.get("start", time.perf_counter()),
-            "fit_clients": r.get("fit_clients", []),
-            "fit_nodes": r.get("fit_nodes", {}),  # partition id -> node that trained it (Ray node id / host)
-            "rejected_updates": r.get("rejected", 0),
-            "failed_clients": r.get("failures", 0),
-            **r.get("extras", {}),  # method metrics of the round (e.g. JDFL's per-domain accuracy)
-            **extras,
-        }
-        self.totals["bytes_up"] += record["bytes_up"]
-        self.totals["bytes_down"] += record["bytes_down"]
-        self.history.append(record)
-        if self.writer is not None:
-            self.writer.append_round(record)
-        if self.cfg.checkpoint_dir:
-            self.save_checkpoint()
-        elapsed = time.perf_counter() - self.started
-        print(format_round_line(record, self.cfg.rounds, elapsed), flush=True)
-        if server_round == self.cfg.rounds:
-            self.write_summary()
-
-    def write_summary(self) -> None:
-        """``summary.json`` (and the curves) from the finished rounds: after the last round, or at once when
-        a resumed run has nothing left to run."""
-        last = self.history[-1]
-        final = {k: v for k, v in last.items() if k.startswith(ACCURACY_PREFIXES)}
-        summary = {
-            "method": self.cfg.method,
-            "dataset": self.cfg.dataset,
-            "rounds": self.cfg.rounds,
-            "metric": self.metric,
-            "final": final,
-            **accuracy_summary(self.history),  # best (and its round) and mean of the last evaluated rounds
-            "client_label_counts": self.federation.client_label_counts(),
-            "wall_seconds": time.perf_counter() - self.started,
-            "mean_round_seconds": _mean(h["round_seconds"] for h in self.history),
-            "bytes_up": self.totals["bytes_up"],
-            "bytes_down": self.totals["bytes_down"],
-            "num_clients": self.federation.num_clients,
-            "client_train_sizes": [len(t) for t in self.federation.partition.train],
-            # share of each client's training samples held out as its validation split (0: none), and
-            # how many samples that is per client
-            "val_fraction": self.cfg.val_fraction,
-            # clients evaluated per evaluation round when a sample (eval_clients), else None: every client
-            "evaluation_sample": (self.cfg.eval_clients
-                                  if 0 < self.cfg.eval_clients < self.federation.num_clients else None),
-            "client_val_sizes": [len(v) for v in self.federation.partition.val or ()],
-            "aux_size": len(self.federation.partition.aux),
-            "config": self.cfg.to_dict(),
-            **self.summary_extras(),
-        }
-        if self.writer is not None:
-            self.writer.write_summary(summary, self.history)
-        log(INFO, "fedpers: %s final %s = %s", self.cfg.method, self.metric, final.get(self.metric))
-
-
-def weighted_mean(per_client: dict[int, float], counts: dict[int, int]) -> float | None:
-    """Sample-weighted personalized accuracy (PFLlib's and FL-bench's): the sum over clients of correct
-    test predictions over the sum of test samples, i.e. ``sum_k n_k acc_k / sum_k n_k``."""
-    pairs = [(acc, counts[pid]) for pid, acc in per_client.items()
-             if acc is not None and math.isfinite(acc) and counts.get(pid)]
-    total = sum(n for _, n in pairs)
-    return float(sum(a * n for a, n in pairs) / total) if total else None
-
-
-def _mean(values) -> float | None:
-    vals = [v for v in values if v is not None and math.isfinite(v)]
-    return float(np.mean(vals)) if vals else None
+    def finish_round(self, server_round: int, per_client: dict[int, float] | None, extras: dict[str, Any]) -> None:
+        """Write the round's record (:meth:`RoundBook.finish`); a method adds its own round metrics to
+        ``extras`` here (FedEAGD's communication and drift figures)."""
+        self.book.finish(server_round, per_client, extras)
 
 
 def describe_failure(failure: Any) -> str:

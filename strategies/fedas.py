@@ -44,5 +44,5 @@ class FedASStrategy(FedPersStrategy):
             return aggregate_updates(models, self.cfg.aggregation, self.cfg.trim_fraction)
         traces = [float(np.asarray(u.sections["fisher_trace"][0]).reshape(-1)[0]) for u in valid]
         weights = fisher_weights(traces, [u.num_examples for u in valid])
-        self._round.setdefault("extras", {})["fedas_fisher_weights"] = [round(float(w), 4) for w in weights]
+        self.book.extras()["fedas_fisher_weights"] = [round(float(w), 4) for w in weights]
         return weighted_average([(m, float(w)) for (m, _), w in zip(models, weights) if w > 0])

@@ -44,7 +44,7 @@ class FedEAGDStrategy(FedPersStrategy):
                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
         """As the base; also notes the size of one fit broadcast."""
         out = super().configure_fit(server_round, parameters, client_manager)
-        mine = self.round_values()
+        mine = self.book.values()
         mine["fit_down_each"] = parameters_nbytes(parameters)
         mine["fit_down_total"] = parameters_nbytes(parameters) * len(out)
         return out
@@ -53,7 +53,7 @@ class FedEAGDStrategy(FedPersStrategy):
                       failures: list[Any]) -> tuple[Parameters | None, dict[str, Scalar]]:
         """As the base; also records per-client upload sizes and the clients' mean drift/coefficient."""
         ups = [parameters_nbytes(res.parameters) for _, res in results]
-        mine = self.round_values()
+        mine = self.book.values()
         mine["fit_up_each"] = ups
         for name in ("mean_drift", "mean_kd_coef", "max_drift"):
             vals = [(float(res.metrics[name]), res.num_examples) for _, res in results
@@ -65,8 +65,9 @@ class FedEAGDStrategy(FedPersStrategy):
                 mine[name] = sum(v * c for v, c in vals) / n if n else None
         return super().aggregate_fit(server_round, results, failures)
 
-    def _finish_round(self, server_round: int, per_client: dict[int, float] | None, extras: dict[str, Any]) -> None:
-        r = self.round_values()
+    def finish_round(self, server_round: int, per_client: dict[int, float] | None, extras: dict[str, Any]) -> None:
+        """As the base, with the round's communication per client and the clients' drift statistics."""
+        r = self.book.values()
         ups = r.get("fit_up_each", [])
         up_each = int(round(float(np.mean(ups)))) if ups else 0
         down_each = int(r.get("fit_down_each", 0)) if ups else 0
@@ -87,7 +88,7 @@ class FedEAGDStrategy(FedPersStrategy):
         self.comm_totals["fit_messages"] += len(ups)
         if ups:
             self.last_comm = comm
-        super()._finish_round(server_round, per_client, {**extras, **comm})
+        super().finish_round(server_round, per_client, {**extras, **comm})
 
     def summary_extras(self) -> dict[str, Any]:
         """Shared-extractor size and per-client, per-round communication (fit messages, both directions)."""

@@ -100,7 +100,7 @@ class FedFedStrategy(FedPersStrategy):
                 self.shared_x = np.concatenate([self.shared_x, xs.astype(np.float32)])
                 self.shared_y = np.concatenate([self.shared_y, ys.astype(np.float32)])
                 self.sharers.add(pid)
-        self._round.setdefault("extras", {})["fedfed_shared_samples"] = int(len(self.shared_y))
+        self.book.extras()["fedfed_shared_samples"] = int(len(self.shared_y))
         return super().aggregate(server_round, updates)
 
     def extra_state(self) -> dict[str, Any]:  # checkpoint

@@ -65,7 +65,7 @@ class JDFLStrategyMixin:
         if self.discovery is not None:
             return None
         self._discovery_started = time.perf_counter()
-        proxies = self._proxies_by_partition(client_manager, server_round)
+        proxies = self.roster.proxies(client_manager, server_round)
         arrays, counts = join_sections({MODEL_SECTION: get_arrays(self.model, "all")}, DISCOVERY_BROADCAST)
         ins = FitIns(ndarrays_to_parameters(arrays), round_config(0, jdfl_phase="discovery", **counts))
         self._discovery_bytes = parameters_nbytes(ins.parameters) * len(proxies)
@@ -79,13 +79,13 @@ class JDFLStrategyMixin:
         state = self.model.state_dict()
         shapes = [tuple(state[n].shape) for n in names]
         vectors: dict[int, np.ndarray] = {}
-        for proxy, res in self.in_partition_order(results):
-            pid = self.partition_of[proxy.cid]
+        for proxy, res in self.roster.in_partition_order(results):
+            pid = self.roster.partition_of[proxy.cid]
             self._discovery_bytes += parameters_nbytes(res.parameters)
             try:
                 arrays = split_sections(parameters_to_ndarrays(res.parameters), res.metrics,
                                         DISCOVERY_UPLOAD)["discovery_update"]
-                problem = update_problem(arrays, shapes, res.num_examples, self._max_samples(pid))
+                problem = update_problem(arrays, shapes, res.num_examples, self.roster.max_samples(pid))
             except Exception as exc:  # an undecodable reply
                 problem = f"{type(exc).__name__}: {exc}"
             if problem:
@@ -144,13 +144,13 @@ class JDFLStrategyMixin:
         discovery_bytes, self._discovery_bytes = self._discovery_bytes, 0
         pairs = super().configure_fit(server_round, parameters, client_manager)
         if discovery_bytes:
-            self._round["bytes_down"] += discovery_bytes  # discovery traffic belongs to round 1
-            self._round.setdefault("extras", {}).update(
+            self.book.current["bytes_down"] += discovery_bytes  # discovery traffic belongs to round 1
+            self.book.extras().update(
                 jdfl_M=self.discovery["M"], jdfl_ari=self.jdfl_info["ari"],
                 jdfl_discovery_seconds=self.jdfl_info["discovery_seconds"])
         out = []
         for proxy, ins in pairs:
-            pid = self.partition_of[proxy.cid]
+            pid = self.roster.partition_of[proxy.cid]
             config = {**ins.config, "jdfl_m": self.discovery["M"],
                       JDFL_ROW: float_row(self.client_rows.get(pid, np.ones(1)))}
             out.append((proxy, FitIns(ins.parameters, config)))
@@ -159,7 +159,7 @@ class JDFLStrategyMixin:
     def evaluate(self, server_round, parameters):
         """Class-only accuracy of the global M x C model on the global test set, and per domain."""
         if (server_round == 0 or self.discovery is None or not self.has_global_model
-                or not self._is_eval_round(server_round)):
+                or not self.book.is_eval_round(server_round)):
             return super().evaluate(server_round, parameters)
         test = self.federation.test(self.device)
         num_classes = self.federation.num_classes
@@ -167,8 +167,8 @@ class JDFLStrategyMixin:
         pred = class_only_predictions(logits, num_classes)
         acc = (pred == test.y).float().mean().item()
         loss = torch.nn.functional.nll_loss(marginal_class_log_probs(logits, num_classes), test.y).item()
-        self._round["global_acc"] = acc
-        extras = self._round.setdefault("extras", {})
+        self.book.current["global_acc"] = acc
+        extras = self.book.extras()
         domains = self.federation.test_domains()
         if domains is not None:
             names = self.federation.dataset.domain_names

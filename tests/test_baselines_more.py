@@ -156,7 +156,7 @@ def test_pfedsim_server_sends_each_client_its_own_similarity_weighted_model():
     cfg = tiny_cfg("pfedsim", rounds=4, pfedsim_warmup=0.5)
     assert warmup_rounds(cfg) == 2
     strategy = make_strategy(cfg)
-    strategy.start_round()
+    strategy.book.start()
     strategy.frozen = get_arrays(strategy.model, "all")
     rng = np.random.default_rng(0)
     models = {p: [a + rng.normal(0, 0.1, a.shape).astype(a.dtype) for a in strategy.frozen] for p in range(3)}
@@ -172,14 +172,14 @@ def test_pfedsim_server_sends_each_client_its_own_similarity_weighted_model():
     np.testing.assert_allclose(got[0], w[0] * models[0][0] + w[1] * models[1][0], rtol=1e-5, atol=1e-6)
     assert arrays_equal(strategy.personalized_arrays(2), models[2])  # client 2: only itself
     # per-client FitIns and byte accounting
-    strategy.partition_of = {"a": 0, "b": 2}
+    strategy.roster.partition_of = {"a": 0, "b": 2}
     pairs = [(FakeProxy("a"), FitIns(ndarrays_to_parameters(strategy.frozen), {"server_round": 4})),
              (FakeProxy("b"), FitIns(ndarrays_to_parameters(strategy.frozen), {"server_round": 4}))]
 
     out = strategy.per_client_fit(pairs, lambda pid: {"model": strategy.personalized_arrays(pid)})
     sent = [parameters_to_ndarrays(ins.parameters) for _, ins in out]
     assert arrays_equal(sent[1], models[2]) and not arrays_equal(sent[0], sent[1])
-    assert strategy._round["bytes_down"] == sum(parameters_nbytes(ins.parameters) for _, ins in out)
+    assert strategy.book.current["bytes_down"] == sum(parameters_nbytes(ins.parameters) for _, ins in out)
     assert all(ins.config == {"server_round": 4, "arrays:model": len(models[2])} for _, ins in out)  # own counts
 
 
@@ -326,11 +326,11 @@ def test_fedfed_shares_once_and_clients_train_on_shared_features():
     # the two copies differ by noise only (same distiller, same inputs)
     assert not np.allclose(xs[:n], xs[n:]) and abs(float(np.std(xs[:n] - xs[n:])) - np.hypot(0.15, 0.25)) < 0.02
     # server: shared features go into the global dataset, the model is averaged as FedAvg
-    strategy.start_round()
-    strategy.partition_of = {"a": 0}
+    strategy.book.start()
+    strategy.roster.partition_of = {"a": 0}
     strategy.aggregate_fit(1, [(FakeProxy("a"), fit_res(up, n, m))], [])
     assert len(strategy.shared_y) == 2 * n and strategy.sharers == {0}
-    assert strategy._round["bytes_up"] == parameters_nbytes(ndarrays_to_parameters(up))
+    assert strategy.book.current["bytes_up"] == parameters_nbytes(ndarrays_to_parameters(up))
     # a client never sampled during distillation never shares; client 0 never shares twice
     _, _, m1 = FedFedClient(cfg, ctx1).fit(params, strategy.message_config(2))
     assert m1["shared_samples_sent"] == 0
@@ -356,11 +356,11 @@ def test_fedfed_server_drops_malformed_shared_features():
     strategy = make_strategy(cfg)
     model = get_arrays(strategy.model, "all")
     bad_labels = [np.zeros((4, 1, 8, 8), np.float32), np.array([0, 1, 99, 2], np.float32)]
-    strategy.start_round()
-    strategy.partition_of = {"a": 0}
+    strategy.book.start()
+    strategy.roster.partition_of = {"a": 0}
     counts = {"arrays:model": len(model), "arrays:shared_features": 1, "arrays:shared_labels": 1}
     strategy.aggregate_fit(1, [(FakeProxy("a"), fit_res(model + bad_labels, 10, counts))], [])
-    assert len(strategy.shared_y) == 0 and strategy._round["rejected"] == 0  # model still aggregated
+    assert len(strategy.shared_y) == 0 and strategy.book.current["rejected"] == 0  # model still aggregated
 
 
 # --- per-client state survives rounds in which the client is not sampled ----------------------------

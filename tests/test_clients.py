@@ -59,10 +59,10 @@ def test_fedavg_per_client_accuracy_from_the_global_evaluation_equals_each_clien
 
     cfg = build_config(tiny_overrides(method="fedavg", num_clients=4, rounds=1))
     strategy = FedAvgStrategy(cfg, get_federation(cfg))
-    strategy.start_round()
+    strategy.book.start()
     params = strategy.download_arrays()
     strategy.evaluate(1, ndarrays_to_parameters(params))
-    from_server = strategy._round["per_client_from_global"]
+    from_server = strategy.book.current["per_client_from_global"]
     assert sorted(from_server) == list(range(4))
     for pid in range(4):
         _, n, metrics = FedAvgClient(cfg, make_context(pid, 4)).evaluate(params, {"server_round": 1})

@@ -146,9 +146,9 @@ def test_checkpoint_round_trip(tmp_path):
             p.add_(0.5)
     record = {"round": 1, "global_acc": 0.5, "personalized_macro_acc": 0.25, "per_client_acc": {"0": 0.25},
               "train_loss": 1.0, "bytes_up": 10, "bytes_down": 20, "round_seconds": 0.1, "fit_clients": [0]}
-    strategy.history.append(record)
-    strategy.totals = {"bytes_up": 10, "bytes_down": 20}
-    strategy.last_fit_digest = {0: "d0"}
+    strategy.book.history.append(record)
+    strategy.book.totals = {"bytes_up": 10, "bytes_down": 20}
+    strategy.book.last_fit_digest = {0: "d0"}
     strategy.save_checkpoint()
     assert checkpoint_path(cfg.checkpoint_dir).is_file()
 
@@ -159,8 +159,8 @@ def test_checkpoint_round_trip(tmp_path):
     resumed.load_state_dict(state)
     for a, b in zip(strategy.model.state_dict().values(), resumed.model.state_dict().values()):
         assert torch.equal(a, b)
-    assert resumed.history == [record] and resumed.totals == strategy.totals
-    assert resumed.last_fit_digest == {0: "d0"}
+    assert resumed.book.history == [record] and resumed.book.totals == strategy.book.totals
+    assert resumed.book.last_fit_digest == {0: "d0"}
     assert read_metrics(resumed_cfg.out_dir) == [record]  # metrics.jsonl continues after the done rounds
     with pytest.raises(FedpersError, match="different experiment.*alpha"):
         load_checkpoint(cfg.checkpoint_dir, cfg.replace(alpha=0.3))

@@ -153,9 +153,9 @@ def test_wire_helpers_round_trip_exactly():
 def test_strategies_keep_per_round_values_only_under_the_declared_round_keys():
     import re
 
-    from strategies.base import RoundState
+    from strategies.rounds import RoundState
 
     used = set()
     for path in (ROOT / "strategies").glob("*.py"):
-        used |= set(re.findall(r"""_round(?:\[|\.get\(|\.setdefault\()\s*["'](\w+)["']""", path.read_text()))
+        used |= set(re.findall(r"""\.current(?:\[|\.get\(|\.setdefault\()\s*["'](\w+)["']""", path.read_text()))
     assert used and used <= set(RoundState.__annotations__), sorted(used - set(RoundState.__annotations__))

@@ -4,14 +4,14 @@ client), personalized sample-weighted, and the best / last-5 summaries of a run'
 import pytest
 
 from fedpers.core.results import accuracy_summary
-from strategies.base import _mean, weighted_mean
+from strategies.rounds import mean_of, weighted_mean
 
 
 def test_macro_and_weighted_personalized_accuracy_of_three_clients():
     # client 0: 9 of 10 right, client 1: 1 of 2, client 2: 30 of 40
     per_client = {0: 0.9, 1: 0.5, 2: 0.75}
     counts = {0: 10, 1: 2, 2: 40}
-    assert _mean(per_client.values()) == pytest.approx((0.9 + 0.5 + 0.75) / 3)  # 0.7166..., the paper's
+    assert mean_of(per_client.values()) == pytest.approx((0.9 + 0.5 + 0.75) / 3)  # 0.7166..., the paper's
     assert weighted_mean(per_client, counts) == pytest.approx((9 + 1 + 30) / 52)  # 0.7692..., PFLlib's
     assert weighted_mean(per_client, {0: 10, 1: 2}) == pytest.approx(10 / 12)  # a client without a count
     assert weighted_mean({}, counts) is None

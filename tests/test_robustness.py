@@ -31,9 +31,9 @@ CFG = build_config(tiny_overrides(method="fedavg", feature_dim=8))
 def make_strategy(**changes):
     cfg = CFG.replace(**changes) if changes else CFG
     strategy = FedAvgStrategy(cfg, get_federation(cfg))
-    strategy.start_round()
+    strategy.book.start()
     for pid in range(cfg.num_clients):
-        strategy.partition_of[f"node{pid}"] = pid
+        strategy.roster.partition_of[f"node{pid}"] = pid
     return strategy
 
 
@@ -87,7 +87,7 @@ def test_malformed_updates_are_rejected_and_never_averaged(kinds, seed):
         arrays, n, params = corrupt(kind, honest_update(strategy, 100.0), rng)
         results.append(fit_result(j + 1, arrays, n, params))
     params, _ = strategy.aggregate_fit(1, results, [])
-    assert strategy._round["rejected"] == len(kinds)
+    assert strategy.book.current["rejected"] == len(kinds)
     for got, want in zip(parameters_to_ndarrays(params), good):
         np.testing.assert_allclose(got, want, rtol=1e-6)  # only the honest update counts
 
@@ -115,7 +115,7 @@ def test_sample_count_bound_defaults_to_the_clients_split_size():
     size = len(strategy.federation.partition.train[0])
     strategy.aggregate_fit(1, [fit_result(0, honest_update(strategy, 0.0), size),
                                fit_result(1, honest_update(strategy, 0.0), size + 10**6)], [])
-    assert strategy._round["rejected"] == 1
+    assert strategy.book.current["rejected"] == 1
 
 
 @pytest.mark.parametrize("rule", ["median", "trimmed_mean"])

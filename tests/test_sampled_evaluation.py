@@ -20,14 +20,14 @@ def strategy(**keys):
 
 def test_the_draw_is_seeded_the_same_for_every_method_and_new_each_round():
     fedavg, pfedkdh, fedper = (strategy(method=m, eval_clients=3) for m in ("fedavg", "pfedkdh", "fedper"))
-    draws = [fedavg.evaluation_sample(r) for r in range(1, 6)]
+    draws = [fedavg.roster.evaluation_sample(r) for r in range(1, 6)]
     assert all(len(d) == 3 and d <= set(range(8)) for d in draws)
-    assert draws == [pfedkdh.evaluation_sample(r) for r in range(1, 6)] == [fedper.evaluation_sample(r) for r in range(1, 6)]
+    assert draws == [pfedkdh.roster.evaluation_sample(r) for r in range(1, 6)] == [fedper.roster.evaluation_sample(r) for r in range(1, 6)]
     assert len({frozenset(d) for d in draws}) > 1  # a new sample each round
     other_seed = strategy(method="fedavg", eval_clients=3, seed=1)
-    assert [other_seed.evaluation_sample(r) for r in range(1, 6)] != draws
-    assert strategy(method="fedavg").evaluation_sample(1) is None  # default: every client
-    assert strategy(method="fedavg", eval_clients=8).evaluation_sample(1) is None  # all of them
+    assert [other_seed.roster.evaluation_sample(r) for r in range(1, 6)] != draws
+    assert strategy(method="fedavg").roster.evaluation_sample(1) is None  # default: every client
+    assert strategy(method="fedavg", eval_clients=8).roster.evaluation_sample(1) is None  # all of them
 
 
 @pytest.mark.parametrize("method, carried", [("pfedkdh", True), ("pfedkdh", False), ("fedavg", False)])
@@ -39,7 +39,7 @@ def test_records_average_the_sampled_clients_only(method, carried, tmp_path):
     sampler = strategy_class_for(cfg)(cfg, get_federation(cfg))
     for r in rounds:
         assert r["evaluated_clients"] == 2
-        assert {int(k) for k in r["per_client_acc"]} == sampler.evaluation_sample(r["round"])
+        assert {int(k) for k in r["per_client_acc"]} == sampler.roster.evaluation_sample(r["round"])
     assert read_summary(tmp_path)["evaluation_sample"] == 2
 
 

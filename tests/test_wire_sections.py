@@ -83,14 +83,14 @@ def test_the_server_rejects_an_upload_whose_sections_are_not_declared_or_miscoun
         cid = "node-0"
 
     def rejected(metrics_sent, uploaded=up):
-        strategy.start_round()
-        strategy.partition_of = {"node-0": 0}
+        strategy.book.start()
+        strategy.roster.partition_of = {"node-0": 0}
         res = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(uploaded), n, metrics_sent)
         try:
             strategy.aggregate_fit(1, [(Proxy(), res)], [])
         except Exception:  # noqa: BLE001 - fewer than min_fit_updates valid updates
             pass
-        return strategy._round["rejected"]
+        return strategy.book.current["rejected"]
 
     assert rejected(metrics) == 0  # as sent: aggregated
     half = len(up) // 2

@@ -97,8 +97,8 @@ def _resume(cfg: Config, strategy, config: ServerConfig, state: dict) -> ServerA
     strategy.load_state_dict(state)
     done = int(state["round"])
     log(INFO, "fedpers: resuming from %s after round %d of %d", checkpoint_path(cfg.checkpoint_dir), done, cfg.rounds)
-    if done >= cfg.rounds and strategy.history:
-        strategy.write_summary()  # nothing left to run; the summary reflects the checkpoint
+    if done >= cfg.rounds and strategy.book.history:
+        strategy.book.write_summary()  # nothing left to run; the summary reflects the checkpoint
     return ServerAppComponents(server=round_loop(strategy, start_round=done + 1), config=config)
 
 
