@@ -62,3 +62,34 @@ def test_spill_never_removes_a_directory_it_did_not_create(tmp_path):
                                  "client_state_spill": True}))
     assert (mine / "notes.txt").read_text() == "mine"
     assert sorted(p.name for p in (tmp_path / "run").glob("client_state*")) == ["client_state"]
+
+
+def test_ast_parse_is_one_call_at_a_time_for_the_simulation_engine(monkeypatch):
+    """CPython 3.11's AST constructor is not thread-safe (gh-106905) and the engine parses the app
+    references in two threads: the guard must serialize parses, and installing it twice must not nest it
+    (the lock is not reentrant: a nested guard would hang)."""
+    import ast
+    import threading
+    import time
+
+    from fedpers.apps.flower_internals import serialize_ast_parse
+
+    inside, seen = [0], []
+
+    def slow_parse(source, *args, **kwargs):
+        inside[0] += 1
+        seen.append(inside[0])
+        time.sleep(0.02)
+        inside[0] -= 1
+        return source
+
+    monkeypatch.setattr(ast, "parse", slow_parse)
+    serialize_ast_parse()
+    serialize_ast_parse()
+    threads = [threading.Thread(target=ast.parse, args=(f"x = {i}",)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert not any(t.is_alive() for t in threads)
+    assert seen == [1] * 6 and ast.parse("y = 2") == "y = 2"

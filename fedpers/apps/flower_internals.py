@@ -3,11 +3,14 @@
 Everything else uses names Flower exports (``flwr.app``, ``flwr.client``, ``flwr.common``, ``flwr.server``,
 ``flwr.server.strategy.Strategy``; ``flwr.server.client_proxy.ClientProxy`` is the type the legacy
 Strategy API hands to every round method). ``tests/test_layers.py`` fails on a private Flower name
-imported anywhere but here. On a Flower upgrade, check these two first.
+imported anywhere but here. On a Flower upgrade, check these first. One more guard lives here because
+Flower's simulation triggers it: :func:`serialize_ast_parse`.
 """
 
 from __future__ import annotations
 
+import ast
+import threading
 import timeit
 from logging import INFO
 from typing import Any
@@ -28,6 +31,7 @@ def run_simulation_engine(*, num_supernodes: int, client_app_attr: str, server_a
     from flwr.simulation.run_simulation import _run_simulation
     from flwr.supercore.telemetry import EventType
 
+    serialize_ast_parse()
     _run_simulation(
         num_supernodes=num_supernodes,
         exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
@@ -40,6 +44,30 @@ def run_simulation_engine(*, num_supernodes: int, client_app_attr: str, server_a
         verbose_logging=verbose,
         is_app=True,  # makes the engine read the run-config from app_dir for every SuperNode
     )
+
+
+_AST_LOCK = threading.Lock()
+
+
+def serialize_ast_parse() -> None:
+    """Make ``ast.parse`` one call at a time in this process (idempotent).
+
+    Why: the simulation engine checks the ServerApp's and the ClientApp's references with ``ast.parse`` in
+    two threads at once (``flwr.supercore.object_ref``), and CPython 3.11's AST constructor keeps its
+    recursion depth per interpreter, not per thread (python/cpython gh-106905), so two parses that overlap
+    can fail with "SystemError: AST constructor recursion depth mismatch" and end the run; seen under load
+    in this project's tests."""
+    if getattr(ast.parse, "_fedpers_serialized", False):
+        return
+    parse = ast.parse
+
+    def serialized_parse(*args: Any, **kwargs: Any):
+        with _AST_LOCK:
+            return parse(*args, **kwargs)
+
+    serialized_parse._fedpers_serialized = True  # type: ignore[attr-defined]
+    serialized_parse.__doc__ = parse.__doc__
+    ast.parse = serialized_parse
 
 
 class ResumableServer(Server):
