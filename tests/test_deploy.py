@@ -179,8 +179,31 @@ def test_deploy_cli_certs_and_bad_input(tmp_path, capsys):
         assert oct((tmp_path / "c" / private).stat().st_mode & 0o777) == "0o600", private
     secret = (tmp_path / "c" / "superexec.secret").read_text()
     assert len(secret) == 64 and int(secret, 16) >= 0  # 32 random bytes, hex
+    # --host adds a name to those the compose stack needs (#30: it used to replace them)
+    assert _cert_names(tmp_path / "c" / "server.pem") == [
+        "fleet-proxy", "runtime-proxy", "superlink", "localhost", "127.0.0.1", "fl.example.org"]
+    assert main(["deploy", "certs", "--out", str(tmp_path / "d"), "--nodes", "1"]) == 0
+    assert _cert_names(tmp_path / "d" / "server.pem") == ["fleet-proxy", "runtime-proxy", "superlink", "localhost",
+                                                          "127.0.0.1"]
     assert main(["deploy", "local", "--clients", "0", "--out", str(tmp_path / "o")]) == 2
     assert "--clients must be >= 1" in capsys.readouterr().err
+
+
+def _cert_names(pem: Path) -> list[str]:
+    """The subject alternative names of a certificate, in order (DNS names and IP addresses as text)."""
+    from cryptography import x509
+
+    cert = x509.load_pem_x509_certificate(pem.read_bytes())
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    return [str(getattr(name, "value", name)) for name in sans]
+
+
+def test_certs_readme_lists_every_name_the_stack_needs():
+    from fedpers.apps.deploy import DEFAULT_CERT_HOSTS
+
+    readme = (ROOT / "deploy" / "certs" / "README.md").read_text()
+    for name in DEFAULT_CERT_HOSTS:
+        assert f"`{name}`" in readme, name
 
 
 def test_deploy_config_paths_state_and_resume(tmp_path):

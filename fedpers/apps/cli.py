@@ -92,8 +92,9 @@ def _parser() -> argparse.ArgumentParser:
     certs.add_argument("--nodes", type=int, default=3, help="number of SuperNode key pairs")
     certs.add_argument("--force", action="store_true", help="replace a CA already in --out")
     certs.add_argument("--host", dest="hosts", action="append", default=[],
-                       help="DNS name or IP the SuperLink and its Fleet proxy are reached at (repeatable; "
-                            "default fleet-proxy, superlink, localhost, 127.0.0.1)")
+                       help="another DNS name or IP the Fleet proxy is reached at, e.g. the public name edge "
+                            "SuperNodes use (repeatable); added to the names the compose stack needs: fleet-proxy, "
+                            "runtime-proxy, superlink, localhost, 127.0.0.1")
     return p
 
 
@@ -311,9 +312,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     from fedpers.apps import deploy
 
     if args.deploy_command == "certs":
-        pki = deploy.make_certs(args.out, args.nodes, args.hosts or ["fleet-proxy", "superlink", "localhost", "127.0.0.1"],
-                                force=args.force)
-        print(f"fedpers | CA {pki.ca_cert}, SuperLink certificate {pki.server_cert}, "
+        hosts = deploy.cert_hosts(args.hosts)
+        pki = deploy.make_certs(args.out, args.nodes, hosts, force=args.force)
+        print(f"fedpers | CA {pki.ca_cert}, SuperLink certificate {pki.server_cert} for {', '.join(hosts)}, "
               f"{len(pki.node_keys)} SuperNode keys in {pki.dir}")
         return 0
     if args.clients < 1:

@@ -614,10 +614,24 @@ def _raise_interrupt(signum, frame) -> None:
     raise Interrupted(signum)
 
 
+# Every name the compose stack's TLS listeners are reached by: SuperNodes -> fleet-proxy, the ServerApp
+# runner -> runtime-proxy, the operator and the registrar -> 127.0.0.1 (Control, in fleet-proxy's network
+# namespace), the proxies -> the SuperLink (verified as `superlink`), health checks -> localhost.
+# `fedpers deploy certs --host NAME` adds to these, never replaces them (issue 30).
+DEFAULT_CERT_HOSTS = ("fleet-proxy", "runtime-proxy", "superlink", "localhost", "127.0.0.1")
+
+
+def cert_hosts(extra: Iterable[str] = ()) -> list[str]:
+    """The SuperLink certificate's names: :data:`DEFAULT_CERT_HOSTS`, then each of ``extra`` not among them
+    (in order, without repeats)."""
+    return list(dict.fromkeys([*DEFAULT_CERT_HOSTS, *(h.strip() for h in extra if h.strip())]))
+
+
 def make_certs(out: str | os.PathLike, nodes: int, hosts: Iterable[str], *, force: bool = False) -> Pki:
-    """``fedpers deploy certs``: CA, SuperLink certificate for ``hosts``, SuperNode key pairs. A directory
-    that already holds a CA is refused unless ``force``: replacing a CA invalidates every certificate and
-    node registration made with it."""
+    """``fedpers deploy certs``: CA, SuperLink certificate for ``hosts`` (the caller adds them to
+    :data:`DEFAULT_CERT_HOSTS` with :func:`cert_hosts`), SuperNode key pairs. A directory that already holds
+    a CA is refused unless ``force``: replacing a CA invalidates every certificate and node registration
+    made with it."""
     if nodes < 1:
         raise FedpersError(f"--nodes must be >= 1 (one key pair per SuperNode), got {nodes}")
     if not str(out).strip():
