@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Start wrapper of a Flower SuperNode: retries Flower's "refused" exit, leaves no orphan behind.
 
     python -m fedpers.apps.supernode_start [--retry-for 150] [--bind-host-of NAME] -- flower-supernode ARGS...
