@@ -51,6 +51,7 @@ from fedpers.core.schema import Config
 from fedpers.core.seeds import EVALUATION_SAMPLE, derived_seed
 from fedpers.core.training import accuracy_and_loss, predict_logits, resolve_device
 from fedpers.core.validation import aggregate_updates, update_problem
+from strategies.refusals import note_refusal, require_fitting_nodes
 from fedpers.core.wire import (MODEL_SECTION, WHOLE_MODEL, Contract, ContractSide, SectionError, carried_evaluation_of,
                           join_sections, round_config, split_sections, with_evaluation)
 
@@ -245,6 +246,8 @@ class FedPersStrategy(ContractSide, Strategy):
         self.start_round()
         proxies = self._proxies_by_partition(client_manager, server_round)
         chosen = self._fit_sample(server_round, proxies)
+        require_fitting_nodes(self._round, server_round, len(proxies), self.federation.num_clients,  # #30
+                              self.cfg.fraction_fit, self.cfg.min_fit_updates)
         self._round["fit_clients"] = chosen
         ins = FitIns(parameters, self.message_config(server_round))
         self._round["bytes_down"] += parameters_nbytes(parameters) * len(chosen)
@@ -510,6 +513,8 @@ class FedPersStrategy(ContractSide, Strategy):
                 try:
                     pid = int(future.result().properties["partition_id"])
                 except Exception as exc:  # a node lost before answering: retried when seen again
+                    if note_refusal(self._round, server_round, cid, exc):  # it does not fit this run (#30)
+                        continue
                     log(WARNING, "round %d: node %s did not report its partition id: %s", server_round, cid, exc)
                     continue
                 if not 0 <= pid < self.federation.num_clients:
