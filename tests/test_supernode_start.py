@@ -1,7 +1,7 @@
 """The SuperNode start wrapper (fedpers/apps/supernode_start.py): refusal retries and no orphans.
 
-A stand-in for ``flower-supernode`` (a shell script) exits like Flower's refused SuperNode (status 49 =
-305 % 256 after ``Exit Code: 305``) a given number of times and leaves a child behind, as the killed
+A stand-in for ``flower-supernode`` (a shell script) exits like Flower's refused SuperNode (status 1 after
+``Exit Code: 305``: flwr_exit's error status) a given number of times and leaves a child behind, as the killed
 SuperNode's ``flower-superexec`` was left behind; the real SuperNode is exercised in tests/test_deploy.py.
 """
 
@@ -27,7 +27,7 @@ def _fake_node(tmp_path: Path, refusals: int, last: str) -> Path:
     script.write_text(f"""#!/bin/bash
 n=$(cat {tmp_path}/count 2>/dev/null || echo 0); echo $((n + 1)) > {tmp_path}/count
 sleep 600 & echo $! >> {tmp_path}/orphans.txt
-if [ "$n" -lt {refusals} ]; then echo "Exit Code: 305"; echo "Failed to activate SuperNode."; exit 49; fi
+if [ "$n" -lt {refusals} ]; then echo "Exit Code: 305"; echo "Failed to activate SuperNode."; exit 1; fi
 {last}
 """)
     script.chmod(0o755)
@@ -48,15 +48,17 @@ def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_backoff_doubles_to_the_cap_and_fits_the_deadline():
-    assert ss.backoff_delays(150) == [1, 2, 4, 8, 16, 30, 30, 30, 29]
+    delays = ss.backoff_delays(150)
+    assert delays[:5] == [1, 2, 4, 5, 5] and sum(delays) == 150 and delays[-1] == 3 and len(delays) == 32
     assert ss.backoff_delays(5) == [1, 2, 2]
+    assert ss.backoff_delays(40, max_delay=30) == [1, 2, 4, 8, 16, 9]
     assert ss.backoff_delays(0) == []
 
 
 def test_refusal_needs_both_the_status_and_flowers_line():
-    assert ss.was_refused(49, "...\nExit Code: 305\nFailed to activate SuperNode.\n") is True
-    assert ss.was_refused(49, "Exit Code: 304\n") is False  # status 49 alone: not Flower's refusal
-    assert ss.was_refused(1, "Exit Code: 305\n") is False
+    assert ss.was_refused(1, "...\nExit Code: 305\nFailed to activate SuperNode.\n") is True
+    assert ss.was_refused(1, "Exit Code: 304\n") is False  # another of Flower's errors
+    assert ss.was_refused(137, "Exit Code: 305\n") is False  # killed: not a refusal
 
 
 def test_with_host_replaces_either_spelling_or_adds_it():
@@ -77,10 +79,10 @@ def test_refused_node_is_retried_until_it_joins_and_leaves_no_orphan(tmp_path):
     assert len(orphans) == 3 and not any(_alive(p) for p in orphans)
 
 
-def test_a_node_still_refused_at_the_deadline_gives_up_with_305(tmp_path):
+def test_a_node_still_refused_at_the_deadline_gives_up_as_flower_does(tmp_path):
     node = _fake_node(tmp_path, refusals=99, last="exit 0")
     res = _run(tmp_path, "--retry-for", "3", "--", str(node))
-    assert res.returncode == 49
+    assert res.returncode == 1
     assert (tmp_path / "count").read_text().strip() == "3"  # at once, after 1 s, after 2 more (3 s in all)
     assert "giving up" in res.stdout
 

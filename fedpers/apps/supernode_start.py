@@ -9,7 +9,7 @@ Two gaps of Flower 1.42's ``flower-supernode`` that this closes (issue 30):
 * **Restart right after a kill.** The SuperLink keeps a killed node "online" until its heartbeats are
   missed (2 x 30 s, then the next sweep: 60-100 s), and until then it refuses the node's key: the new
   process exits with code 305 (``SUPERNODE_CONNECTION_ERROR``, "Failed to activate SuperNode"). The
-  wrapper starts the SuperNode again after 1, 2, 4, 8, 16, 30, 30, ... s for up to ``--retry-for``
+  wrapper starts the SuperNode again after 1, 2, 4, 5, 5, ... s for up to ``--retry-for``
   seconds (default 150) while it exits that way; any other exit ends the wrapper with the same code.
   An unregistered key also exits 305 (Flower answers both alike), so it, too, is retried until the
   deadline: a key registered meanwhile is then taken.
@@ -42,9 +42,10 @@ import time
 from pathlib import Path
 
 REFUSED_EXIT = 305  # flwr.supercore.exit.ExitCode.SUPERNODE_CONNECTION_ERROR
-REFUSED_MARKER = f"Exit Code: {REFUSED_EXIT}"  # flwr_exit's first line; the status itself is 305 % 256
+REFUSED_MARKER = f"Exit Code: {REFUSED_EXIT}"  # flwr_exit's first line
+ERROR_STATUS = 1  # flwr_exit ends every error with sys.exit(1): the 305 is only in its message
 DEFAULT_RETRY_FOR = 150.0
-MAX_DELAY = 30.0
+MAX_DELAY = 5.0  # the SuperLink lets the node in 60-100 s after the kill: rejoin within 5 s of that
 _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
 
 
@@ -62,9 +63,9 @@ def backoff_delays(retry_for: float, max_delay: float = MAX_DELAY) -> list[float
 
 
 def was_refused(status: int, output_tail: str) -> bool:
-    """Whether an ended SuperNode was refused by the SuperLink (Flower's exit 305): the status the OS
-    reports (305 truncated to 8 bits) and Flower's own ``Exit Code: 305`` line, both."""
-    return status == REFUSED_EXIT % 256 and REFUSED_MARKER in output_tail
+    """Whether an ended SuperNode was refused by the SuperLink (Flower's exit code 305): Flower's error
+    status (1) and its own ``Exit Code: 305`` line in the last lines of output, both."""
+    return status == ERROR_STATUS and REFUSED_MARKER in output_tail
 
 
 def with_host(argv: list[str], host: str) -> list[str]:
@@ -200,7 +201,7 @@ def supervise(argv: list[str], retry_for: float = DEFAULT_RETRY_FOR, sleep=time.
         if attempt >= len(delays):
             print(f"fedpers-supernode-start: the SuperLink still refuses this SuperNode (exit {REFUSED_EXIT}) "
                   f"after {retry_for:.0f} s of retries: giving up", flush=True)
-            return REFUSED_EXIT % 256
+            return ERROR_STATUS
         delay = delays[attempt]
         attempt += 1
         print(f"fedpers-supernode-start: the SuperLink refused this SuperNode (exit {REFUSED_EXIT}: it may "
