@@ -51,9 +51,9 @@ from fedpers.core.schema import Config
 from fedpers.core.seeds import EVALUATION_SAMPLE, derived_seed
 from fedpers.core.training import accuracy_and_loss, predict_logits, resolve_device
 from fedpers.core.validation import aggregate_updates, update_problem
-from strategies.refusals import note_refusal, require_fitting_nodes
 from fedpers.core.wire import (MODEL_SECTION, WHOLE_MODEL, Contract, ContractSide, SectionError, carried_evaluation_of,
                           join_sections, round_config, split_sections, with_evaluation)
+from strategies.refusals import note_refusal, require_fitting_nodes  # issue 30: nodes that do not fit the run
 
 
 class Upload(NamedTuple):
