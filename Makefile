@@ -1,5 +1,6 @@
 # fedpers: `make run` (quick-start experiment) and `make test` (test suite). Both create .venv first.
-# `make compose-check`: docker-compose.yml live on a local base image (needs root and a running dockerd).
+# `make compose-check`: docker-compose.yml live on a local base image (root; installs Docker, docker-compose and
+# debootstrap with apt where it may and starts dockerd, else names what is missing: deploy/compose/prereqs.sh).
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -41,7 +42,8 @@ bench-mnist: $(STAMP)
 	$(BIN)/python benchmarks/mnist_table2.py --rounds 10
 
 # docker-compose.yml up on a local Debian base image (no Docker Hub), a short run through the proxy, the
-# refusals, teardown; output in deploy/compose/compose-check-<UTC time>.out.
+# reachability probes, a SuperNode restart, a run the nodes do not fit, teardown; output in
+# results/compose-check/compose-check-<UTC time>.out (ignored by git).
 compose-check: $(STAMP)
 	FEDPERS_BIN=$(abspath $(BIN)) deploy/compose/check.sh
 

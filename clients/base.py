@@ -28,7 +28,7 @@ from flwr.common import log
 
 from fedpers.core import seeds
 from fedpers.core.cluster import node_identity
-from fedpers.core.errors import ClientUpdateError, ConfigError
+from fedpers.core.errors import ClientUpdateError, ConfigError, NodeMismatchError
 from fedpers.core.federation import get_federation
 from fedpers.core.models import Part, build_model, get_arrays, set_arrays
 from fedpers.core.schema import Config, parse_id_list
@@ -48,16 +48,16 @@ def partition_id_of(context: Context, num_clients: int) -> int:
     """The client's partition id from the SuperNode's node config, checked against ``num_clients``."""
     node_config = context.node_config
     if "partition-id" not in node_config:
-        raise ClientUpdateError(
+        raise NodeMismatchError(
             "node config has no 'partition-id': start the SuperNode with "
             "--node-config \"partition-id=N num-partitions=K\""
         )
     pid = int(node_config["partition-id"])
     total = int(node_config.get("num-partitions", num_clients))
     if total != num_clients:
-        raise ClientUpdateError(f"node config num-partitions={total} but the run has num_clients={num_clients}")
+        raise NodeMismatchError(f"node config num-partitions={total} but the run has num_clients={num_clients}")
     if not 0 <= pid < num_clients:
-        raise ClientUpdateError(f"partition-id {pid} outside 0..{num_clients - 1}")
+        raise NodeMismatchError(f"partition-id {pid} outside 0..{num_clients - 1}")
     return pid
 
 

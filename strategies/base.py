@@ -51,6 +51,7 @@ from fedpers.core.training import accuracy_and_loss, predict_logits, resolve_dev
 from fedpers.core.validation import aggregate_updates, update_problem
 from fedpers.core.wire import (MODEL_SECTION, WHOLE_MODEL, Contract, ContractSide, SectionError,
                           join_sections, round_config, split_sections, with_evaluation)
+from strategies.refusals import require_fitting_nodes  # issue 30: nodes that do not fit the run
 from strategies.rounds import ClientRoster, RoundBook, mean_of
 
 
@@ -212,8 +213,10 @@ class FedPersStrategy(ContractSide, Strategy):
                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
         """Sample ``round(fraction_fit * K)`` clients by partition id with a per-round seeded RNG."""
         self.book.start()
-        proxies = self.roster.proxies(client_manager, server_round)
+        proxies = self.roster.proxies(client_manager, server_round, self.book.current)
         chosen = self.roster.fit_sample(server_round, proxies)
+        require_fitting_nodes(self.book.current, server_round, len(proxies), self.federation.num_clients,  # #30
+                              self.cfg.fraction_fit, self.cfg.min_fit_updates)
         self.book.current["fit_clients"] = chosen
         ins = FitIns(parameters, self.message_config(server_round))
         self.book.current["bytes_down"] += parameters_nbytes(parameters) * len(chosen)
@@ -327,7 +330,7 @@ class FedPersStrategy(ContractSide, Strategy):
                           if sample is None or pid in sample}
             self.finish_round(server_round, per_client, {"client_state_consistent": True})
             return []
-        proxies = self.roster.proxies(client_manager, server_round)
+        proxies = self.roster.proxies(client_manager, server_round, self.book.current)
         if sample is not None:
             proxies = {pid: proxy for pid, proxy in proxies.items() if pid in sample}
         deferred = set(self.roster.fit_sample(server_round + 1, proxies)) if self._carries(server_round) else set()

@@ -65,7 +65,7 @@ class JDFLStrategyMixin:
         if self.discovery is not None:
             return None
         self._discovery_started = time.perf_counter()
-        proxies = self.roster.proxies(client_manager, server_round)
+        proxies = self.roster.proxies(client_manager, server_round, self.book.current)
         arrays, counts = join_sections({MODEL_SECTION: get_arrays(self.model, "all")}, DISCOVERY_BROADCAST)
         ins = FitIns(ndarrays_to_parameters(arrays), round_config(0, jdfl_phase="discovery", **counts))
         self._discovery_bytes = parameters_nbytes(ins.parameters) * len(proxies)

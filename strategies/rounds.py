@@ -31,6 +31,7 @@ from fedpers.core.results import ACCURACY_PREFIXES, VALIDATION_PREFIX, ResultsWr
 from fedpers.core.schema import Config
 from fedpers.core.seeds import EVALUATION_SAMPLE, derived_seed
 from fedpers.core.wire import carried_evaluation_of
+from strategies.refusals import note_refusal
 
 PERSONAL_ACC_PREFIX = "acc_"  # extra client metrics "acc_<name>" become "personalized_macro_acc_<name>"
 
@@ -69,11 +70,14 @@ class ClientRoster:
         self.federation = federation
         self.partition_of: dict[str, int] = {}  # Flower node id -> partition id
 
-    def proxies(self, client_manager: ClientManager, server_round: int) -> dict[int, ClientProxy]:
+    def proxies(self, client_manager: ClientManager, server_round: int,
+                round_state: dict[str, Any] | None = None) -> dict[int, ClientProxy]:
         """Map partition id -> ClientProxy, asking each newly seen node its partition id once (in parallel).
 
         Waits for all ``num_clients`` nodes before the first round only. Later rounds use the nodes that
-        are connected: a lost node's partition is skipped (deployment), a node that (re)joins is asked.
+        are connected: a lost node's partition is skipped (deployment), a node that (re)joins is asked. A
+        node that refuses the run (it does not fit it, issue 30) is noted in ``round_state``
+        (:func:`strategies.refusals.note_refusal`) and asked again next time.
         """
         if not self.partition_of:
             client_manager.wait_for(self.federation.num_clients)
@@ -88,6 +92,8 @@ class ClientRoster:
                 try:
                     pid = int(future.result().properties["partition_id"])
                 except Exception as exc:  # a node lost before answering: retried when seen again
+                    if note_refusal({} if round_state is None else round_state, server_round, cid, exc):
+                        continue  # it does not fit this run (#30)
                     log(WARNING, "round %d: node %s did not report its partition id: %s", server_round, cid, exc)
                     continue
                 if not 0 <= pid < self.federation.num_clients:

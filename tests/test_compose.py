@@ -38,9 +38,28 @@ def _opts(argv) -> dict[str, str]:
     return dict(a.split("=", 1) for a in argv or [] if isinstance(a, str) and a.startswith("--") and "=" in a)
 
 
+WRAPPER = "fedpers-supernode-start"  # fedpers/apps/supernode_start.py: its own options, then -- and Flower's
+
+
+def _flower_command(service: dict) -> list[str]:
+    """The Flower program and its arguments, past the SuperNode start wrapper if there is one."""
+    cmd = [str(a) for a in service.get("command") or []]
+    if cmd[:1] == [WRAPPER]:
+        return cmd[cmd.index("--") + 1:] if "--" in cmd else []
+    return cmd
+
+
 def _program(service: dict) -> str | None:
-    cmd = service.get("command") or []
+    cmd = _flower_command(service)
     return cmd[0] if cmd else None
+
+
+def _runtime_target(service: dict) -> str:
+    return _opts(service.get("command")).get("--runtime-api-address", "")
+
+
+def _is_serverapp_runner(service: dict) -> bool:
+    return _runtime_target(service).startswith("runtime-proxy:")
 
 
 def _supernodes(services: dict) -> dict[str, dict]:
@@ -67,6 +86,7 @@ def _volume_sources(service: dict) -> list[str]:
 def _named_files(service: dict) -> set[str]:
     """Basenames of the secret files a service's command, entry point, environment and healthcheck name."""
     texts = [str(a) for a in (service.get("command") or []) + (service.get("entrypoint") or [])]
+    texts += [str(a) for a in service.get("command") or [] if isinstance(a, str)]
     texts += [str(v) for v in (service.get("environment") or {}).values()]
     texts += [str(a) for a in (service.get("healthcheck", {}).get("test") or [])]
     names = set()
@@ -101,6 +121,9 @@ def rule_no_ca_key_or_certs_dir(c: dict) -> list[str]:
 
 
 def rule_only_proxy_publishes(c: dict) -> list[str]:
+    """Only fleet-proxy publishes a port, and only its Fleet listener; its Control listener is a loopback
+    address of its own network namespace (never published: Docker's forwarding accepts traffic to a
+    published port whatever the host address says)."""
     bad = []
     services = c["services"]
     for name, s in services.items():
@@ -112,18 +135,70 @@ def rule_only_proxy_publishes(c: dict) -> list[str]:
     if proxy is None:
         return bad + ["no fleet-proxy service"]
     env = proxy.get("environment") or {}
-    control = str(env.get("CONTROL_LISTEN", "")).rsplit(":", 1)[-1]
+    control = str(env.get("CONTROL_LISTEN", ""))
     fleet = str(env.get("FLEET_LISTEN", "")).rsplit(":", 1)[-1]
-    published = {}
-    for p in proxy.get("ports", []):
-        parts = str(p).split(":")
-        published[parts[-1]] = parts[0] if len(parts) == 3 else ""
+    published = {str(p).split(":")[-1]: str(p) for p in proxy.get("ports", [])}
+    if not control.startswith("127.0.0.1:"):
+        bad.append(f"fleet-proxy's Control listener {control!r} is not on 127.0.0.1")
     if fleet not in published:
         bad.append(f"fleet-proxy does not publish its Fleet listener {fleet}")
-    if control in published and published[control] != "127.0.0.1":
-        bad.append(f"fleet-proxy publishes the Control listener {control} beyond loopback")
-    if set(published) - {fleet, control}:
-        bad.append(f"fleet-proxy publishes more than the two listeners: {sorted(published)}")
+    if set(published) - {fleet}:
+        bad.append(f"fleet-proxy publishes more than the Fleet listener: {sorted(published.values())}")
+    return bad
+
+
+def rule_superlink_on_loopback_with_the_proxies(c: dict) -> list[str]:
+    """The SuperLink listens on 127.0.0.1 inside fleet-proxy's network namespace (no network of its own),
+    and the proxies forward there; only the operator's side shares the namespace besides them."""
+    bad = []
+    services = c["services"]
+    link = services.get("superlink", {})
+    if link.get("network_mode") != "service:fleet-proxy" or link.get("networks") or link.get("ports"):
+        bad.append("superlink is not (only) in fleet-proxy's network namespace")
+    host, port = _opts(link.get("command")).get("--host"), _opts(link.get("command")).get("--port")
+    if host != "127.0.0.1":
+        bad.append(f"superlink listens on {host}, not 127.0.0.1")
+    for name in ("fleet-proxy", "runtime-proxy"):
+        target = str((services.get(name, {}).get("environment") or {}).get("SUPERLINK_ADDRESS"))
+        if target != f"127.0.0.1:{port}":
+            bad.append(f"{name} forwards to {target}, not the SuperLink's 127.0.0.1:{port}")
+    sharing = {n for n, s in services.items() if s.get("network_mode") == "service:fleet-proxy"}
+    if sharing != {"superlink", "runtime-proxy", "operator", "register-supernodes"}:
+        bad.append(f"fleet-proxy's network namespace is shared by {sorted(sharing)}")
+    return bad
+
+
+def rule_each_clientapp_on_its_own_node_network(c: dict) -> list[str]:
+    """A ClientApp runner is on one internal network, node-N, with its SuperNode only; the SuperNode's
+    Runtime API binds to its address there; the ServerApp runner is alone with runtime-proxy."""
+    bad = []
+    services, networks = c["services"], c.get("networks") or {}
+    members: dict[str, set[str]] = {}
+    for name, s in services.items():
+        nets = s.get("networks") or ([] if s.get("network_mode") else ["default"])
+        for net in (nets if isinstance(nets, list) else list(nets)):
+            members.setdefault(net, set()).add(name)
+    for name, s in _supernodes(services).items():
+        i = name.rsplit("-", 1)[-1]
+        net = f"node-{i}"
+        if not (networks.get(net) or {}).get("internal"):
+            bad.append(f"{net} is not an internal network")
+        if members.get(net) != {name, f"clientapp-{i}"}:
+            bad.append(f"{net} holds {sorted(members.get(net, []))}, not just {name} and clientapp-{i}")
+        aliases = ((s.get("networks") or {}).get(net) or {}).get("aliases", []) if isinstance(
+            s.get("networks"), dict) else []
+        bind = _opts(s.get("command")).get("--bind-host-of")
+        if not bind or bind not in aliases:
+            bad.append(f"{name}'s Runtime API is not bound to its {net} address (--bind-host-of an alias there)")
+        runner = services.get(f"clientapp-{i}", {})
+        if (runner.get("networks") or []) != [net]:
+            bad.append(f"clientapp-{i} is on {runner.get('networks')}, not [{net}] only")
+        if _runtime_target(runner).split(":")[0] not in {bind, name}:
+            bad.append(f"clientapp-{i} talks to {_runtime_target(runner)}, not its own SuperNode")
+    if members.get("serverappio") != {"serverapp", "fleet-proxy"} or not (networks.get("serverappio") or {}).get(
+            "internal"):
+        bad.append(f"the internal serverappio network holds {sorted(members.get('serverappio', []))}, "
+                   "not just the ServerApp runner (and fleet-proxy's namespace)")
     return bad
 
 
@@ -149,24 +224,22 @@ def rule_supernodes_via_proxy(c: dict) -> list[str]:
     services = c["services"]
     proxy = services.get("fleet-proxy", {})
     fleet_port = str((proxy.get("environment") or {}).get("FLEET_LISTEN", "")).rsplit(":", 1)[-1]
-    link_nets = set(services.get("superlink", {}).get("networks") or ["default"])
     for name, s in _supernodes(services).items():
         target = _opts(s["command"]).get("--superlink")
         if target != f"fleet-proxy:{fleet_port}":
             bad.append(f"{name} connects to {target}, not the proxy")
-        if set(s.get("networks") or ["default"]) & link_nets:
-            bad.append(f"{name} shares a network with the SuperLink")
+        if s.get("network_mode"):
+            bad.append(f"{name} shares another service's network namespace ({s['network_mode']})")
     return bad
 
 
 def rule_one_runner_per_supernode(c: dict) -> list[str]:
     services = c["services"]
-    wanted = sorted(f"{n}:{_opts(s['command']).get('--port', '9094')}" for n, s in _supernodes(services).items())
-    got = sorted(_opts(s["command"]).get("--runtime-api-address", "") for s in _runners(services).values()
-                 if not _opts(s["command"]).get("--runtime-api-address", "").startswith("superlink:"))
+    wanted = sorted(f"{_opts(s['command']).get('--bind-host-of', n)}:{_opts(s['command']).get('--port', '9094')}"
+                    for n, s in _supernodes(services).items())
+    got = sorted(_runtime_target(s) for s in _runners(services).values() if not _is_serverapp_runner(s))
     bad = [] if got == wanted and wanted else [f"default-profile ClientApp runners {got} != SuperNodes {wanted}"]
-    if not any(_opts(s["command"]).get("--runtime-api-address", "").startswith("superlink:")
-               for s in _runners(services).values()):
+    if not any(_is_serverapp_runner(s) for s in _runners(services).values()):
         bad.append("no ServerApp runner in the default profile")
     return bad
 
@@ -175,11 +248,13 @@ def rule_superexec_secret_both_ends(c: dict) -> list[str]:
     bad = []
     services = c["services"]
     flag = "--superexec-auth-secret-file"
+    by_alias = {_opts(s["command"]).get("--bind-host-of"): n for n, s in _supernodes(services).items()}
+    by_alias["runtime-proxy"] = "superlink"  # runtime-proxy passes the ServerApp runner to the SuperLink
     for name, s in _runners(services, default_profile_only=False).items():
-        host = _opts(s["command"]).get("--runtime-api-address", "").rsplit(":", 1)[0]
-        peer = services.get(host)
+        host = _runtime_target(s).rsplit(":", 1)[0]
+        peer = services.get(by_alias.get(host, host))
         mine = _opts(s["command"]).get(flag)
-        theirs = _opts((peer or {}).get("command")).get(flag)
+        theirs = _opts((peer or {}).get("command")).get(flag)  # the wrapper's argv holds Flower's too
         if not mine or not theirs:
             bad.append(f"{name} <-> {host}: {flag} missing on {'both ends' if not (mine or theirs) else 'one end'}")
         elif Path(mine).name != Path(theirs).name:
@@ -190,13 +265,16 @@ def rule_superexec_secret_both_ends(c: dict) -> list[str]:
 def rule_health_and_ordering(c: dict) -> list[str]:
     bad = []
     services = c["services"]
-    for name in ("superlink", "fleet-proxy"):
+    for name in ("superlink", "fleet-proxy", "runtime-proxy"):
         test = services.get(name, {}).get("healthcheck", {}).get("test")
         if not test:
             bad.append(f"{name} has no healthcheck")
     link_health = services.get("superlink", {}).get("healthcheck", {}).get("test") or []
     if not any("/health" in str(a) and "https://" in str(a) for a in link_health):
         bad.append("the SuperLink healthcheck does not GET /health over TLS")
+    proxy_health = " ".join(map(str, services.get("fleet-proxy", {}).get("healthcheck", {}).get("test") or []))
+    if "/health" not in proxy_health:
+        bad.append("fleet-proxy's healthcheck does not include the SuperLink's /health")
     for name, s in services.items():
         deps = s.get("depends_on") or {}
         if isinstance(deps, list):
@@ -205,13 +283,18 @@ def rule_health_and_ordering(c: dict) -> list[str]:
             bad.append(f"{name} does not wait for a healthy SuperLink")
         if name in _supernodes(services) and deps.get("fleet-proxy", {}).get("condition") != "service_healthy":
             bad.append(f"{name} does not wait for a healthy fleet-proxy")
-    for name in ("fleet-proxy", "register-supernodes", "serverapp"):
+    for name in ("runtime-proxy", "register-supernodes"):
         if "superlink" not in (services.get(name, {}).get("depends_on") or {}):
             bad.append(f"{name} does not depend on the SuperLink")
+    serverapp_deps = services.get("serverapp", {}).get("depends_on") or {}
+    if not isinstance(serverapp_deps, dict) or serverapp_deps.get("runtime-proxy", {}).get("condition") != \
+            "service_healthy":
+        bad.append("serverapp does not wait for a healthy runtime-proxy")
     return bad
 
 
-RULES = [rule_no_ca_key_or_certs_dir, rule_only_proxy_publishes, rule_named_files_mounted,
+RULES = [rule_no_ca_key_or_certs_dir, rule_only_proxy_publishes, rule_superlink_on_loopback_with_the_proxies,
+         rule_each_clientapp_on_its_own_node_network, rule_named_files_mounted,
          rule_supernodes_via_proxy, rule_one_runner_per_supernode, rule_superexec_secret_both_ends,
          rule_health_and_ordering]
 
@@ -233,8 +316,28 @@ BREAKS = {
         c["secrets"].__setitem__("ca.key", {"file": f"{CERTS_SOURCE}/ca.key"}),
         c["services"]["register-supernodes"]["secrets"].append("ca.key"))),
     "superlink publishes": (rule_only_proxy_publishes, lambda c: c["services"]["superlink"].__setitem__("ports", ["9093:9093"])),
-    "control on all interfaces": (rule_only_proxy_publishes, lambda c: c["services"]["fleet-proxy"].__setitem__(
-        "ports", ["9093:9093", "9095:9095"])),
+    "control published": (rule_only_proxy_publishes, lambda c: c["services"]["fleet-proxy"].__setitem__(
+        "ports", ["9093:9093", "127.0.0.1:9095:9095"])),
+    "control on all interfaces": (rule_only_proxy_publishes, lambda c: c["services"]["fleet-proxy"][
+        "environment"].__setitem__("CONTROL_LISTEN", "9095")),
+    "superlink on a network": (rule_superlink_on_loopback_with_the_proxies, lambda c: (
+        c["services"]["superlink"].pop("network_mode"), c["services"]["superlink"].__setitem__("networks", ["fleet"]))),
+    "superlink on every interface": (rule_superlink_on_loopback_with_the_proxies,
+                                     lambda c: c["services"]["superlink"]["command"].__setitem__(
+                                         c["services"]["superlink"]["command"].index("--host=127.0.0.1"),
+                                         "--host=0.0.0.0")),
+    "serverapp in the proxy's namespace": (rule_superlink_on_loopback_with_the_proxies, lambda c: (
+        c["services"]["serverapp"].pop("networks"), c["services"]["serverapp"].__setitem__(
+            "network_mode", "service:fleet-proxy"))),
+    "clientapp on the fleet network": (rule_each_clientapp_on_its_own_node_network,
+                                       lambda c: c["services"]["clientapp-1"]["networks"].append("fleet")),
+    "clientapp on another node's network": (rule_each_clientapp_on_its_own_node_network,
+                                            lambda c: c["services"]["clientapp-1"].__setitem__("networks", ["node-0"])),
+    "node network not internal": (rule_each_clientapp_on_its_own_node_network,
+                                  lambda c: c["networks"].__setitem__("node-2", {})),
+    "supernode runtime on every interface": (rule_each_clientapp_on_its_own_node_network,
+                                             lambda c: c["services"]["supernode-0"]["command"].remove(
+                                                 "--bind-host-of=supernode-0-runtime")),
     "node key not mounted": (rule_named_files_mounted,
                              lambda c: c["services"]["supernode-1"]["secrets"].remove("supernode-1.key")),
     "proxy key not mounted": (rule_named_files_mounted,
@@ -252,7 +355,7 @@ BREAKS = {
         "command", _drop_flag(c["services"]["superlink"]["command"], "--superexec-auth-secret-file"))),
     "no superlink healthcheck": (rule_health_and_ordering, lambda c: c["services"]["superlink"].pop("healthcheck")),
     "serverapp does not wait for health": (rule_health_and_ordering,
-                                           lambda c: c["services"]["serverapp"].__setitem__("depends_on", ["superlink"])),
+                                           lambda c: c["services"]["serverapp"].__setitem__("depends_on", ["runtime-proxy"])),
 }
 
 
@@ -270,7 +373,7 @@ def test_images_build_from_flower_images(compose):
     for name, s in compose["services"].items():
         build = s.get("build")
         if not build:
-            assert name == "fleet-proxy" and s["image"].startswith("nginx:"), name
+            assert name in ("fleet-proxy", "runtime-proxy") and s["image"].startswith("nginx:"), name
             continue
         path = ROOT / build["context"] / build["dockerfile"]
         assert path.is_file(), f"{name}: {path} missing"
@@ -288,8 +391,7 @@ def test_images_build_from_flower_images(compose):
 
 def test_gpu_override_replaces_the_cpu_runners(compose):
     gpu = load("docker-compose.gpu.yml")["services"]
-    cpu_runners = {n for n, s in _runners(compose["services"]).items()
-                   if not _opts(s["command"]).get("--runtime-api-address", "").startswith("superlink:")}
+    cpu_runners = {n for n, s in _runners(compose["services"]).items() if not _is_serverapp_runner(s)}
     assert set(gpu) == cpu_runners  # same names: the override replaces, never adds runners
     for s in gpu.values():
         devices = s["deploy"]["resources"]["reservations"]["devices"]
@@ -302,11 +404,8 @@ def test_gpu_override_replaces_the_cpu_runners(compose):
 def test_local_base_override_swaps_only_bases():
     local = load("deploy/compose/local-base.yml")["services"]
     for name, s in local.items():
-        if name == "fleet-proxy":
-            assert set(s) <= {"image", "command", "user"}
-            cmd = " ".join(s["command"])
-            assert "envsubst" in cmd and "/etc/nginx/templates/fleet-proxy.conf.template" in cmd
-            assert "nginx -g 'daemon off;'" in cmd
+        if name in ("fleet-proxy", "runtime-proxy"):  # same start-up (render-and-run.sh), Debian's nginx
+            assert s == {"image": "fedpers/local-base:bookworm", "user": "root"}, name
             continue
         assert set(s) == {"build"} and set(s["build"]) == {"args"}, name
         assert set(s["build"]["args"]) <= {"BASE_IMAGE", "TORCH", "TORCH_INDEX"}, name
@@ -333,17 +432,18 @@ def test_compose_flags_exist_in_flower_help(compose):
             out = subprocess.run([str(BIN / prog), "--help"], capture_output=True, text=True, env=env, timeout=120)
             known[prog] = set(re.findall(r"(--[a-z][a-z0-9-]*)", out.stdout))
             assert known[prog], f"{prog} --help printed no flags"
-        unknown = {a.split("=", 1)[0] for a in s["command"][1:] if a.startswith("--")} - known[prog]
+        unknown = {a.split("=", 1)[0] for a in _flower_command(s)[1:] if a.startswith("--")} - known[prog]
         assert not unknown, f"{name}: {prog} has no {sorted(unknown)}"
         checked += 1
     assert checked >= 8 and files
 
 
 def test_entrypoint_and_scripts_parse():
-    for script in ("deploy/compose/check.sh", "deploy/compose/build-base.sh"):
+    for script in ("deploy/compose/check.sh", "deploy/compose/build-base.sh", "deploy/compose/prereqs.sh"):
         assert subprocess.run(["bash", "-n", str(ROOT / script)]).returncode == 0, script
         assert os.access(ROOT / script, os.X_OK), script
-    assert subprocess.run(["sh", "-n", str(ROOT / "deploy" / "register-supernodes.sh")]).returncode == 0
+    for script in ("deploy/register-supernodes.sh", "deploy/operator.sh", "deploy/nginx/render-and-run.sh"):
+        assert subprocess.run(["sh", "-n", str(ROOT / script)]).returncode == 0, script
     compile((ROOT / "deploy/compose/entrypoint.py").read_text(), "entrypoint.py", "exec")
 
 

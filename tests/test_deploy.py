@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -179,8 +180,31 @@ def test_deploy_cli_certs_and_bad_input(tmp_path, capsys):
         assert oct((tmp_path / "c" / private).stat().st_mode & 0o777) == "0o600", private
     secret = (tmp_path / "c" / "superexec.secret").read_text()
     assert len(secret) == 64 and int(secret, 16) >= 0  # 32 random bytes, hex
+    # --host adds a name to those the compose stack needs (#30: it used to replace them)
+    assert _cert_names(tmp_path / "c" / "server.pem") == [
+        "fleet-proxy", "runtime-proxy", "superlink", "localhost", "127.0.0.1", "fl.example.org"]
+    assert main(["deploy", "certs", "--out", str(tmp_path / "d"), "--nodes", "1"]) == 0
+    assert _cert_names(tmp_path / "d" / "server.pem") == ["fleet-proxy", "runtime-proxy", "superlink", "localhost",
+                                                          "127.0.0.1"]
     assert main(["deploy", "local", "--clients", "0", "--out", str(tmp_path / "o")]) == 2
     assert "--clients must be >= 1" in capsys.readouterr().err
+
+
+def _cert_names(pem: Path) -> list[str]:
+    """The subject alternative names of a certificate, in order (DNS names and IP addresses as text)."""
+    from cryptography import x509
+
+    cert = x509.load_pem_x509_certificate(pem.read_bytes())
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    return [str(getattr(name, "value", name)) for name in sans]
+
+
+def test_certs_readme_lists_every_name_the_stack_needs():
+    from fedpers.apps.deploy import DEFAULT_CERT_HOSTS
+
+    readme = (ROOT / "deploy" / "certs" / "README.md").read_text()
+    for name in DEFAULT_CERT_HOSTS:
+        assert f"`{name}`" in readme, name
 
 
 def test_deploy_config_paths_state_and_resume(tmp_path):
@@ -288,7 +312,8 @@ def deployment(tmp_path_factory):
     from fedpers.apps.deploy import LocalDeployment
 
     _need_nginx()
-    dep = LocalDeployment(tmp_path_factory.mktemp("deploy"), num_nodes=3)
+    # OUT/deploy, as `fedpers deploy local --out OUT` lays it out: `deploy restart-node --out OUT` finds it
+    dep = LocalDeployment(tmp_path_factory.mktemp("deploy-out") / "deploy", num_nodes=3)
     try:
         dep.start()
         yield dep
@@ -365,33 +390,96 @@ def test_killed_server_resumes_from_checkpoint(deployment, clean_run):
     assert all(r["client_state_consistent"] for r in rounds)
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 @pytest.mark.deployment
 def test_killed_supernode_does_not_stall_the_run_and_rejoins(deployment, tmp_path):
+    from fedpers.apps.processes import descendants
+
     cfg = _cfg(tmp_path, rounds=4, min_fit_updates=2, round_timeout=120.0)
     run = deployment.submit(cfg)
     # round 1 has ended once its checkpoint is written (its record waits for the evaluations that round
     # 2's fit replies carry: evaluate_with_next_fit)
     _wait_for(lambda: _checkpoint_round(cfg) >= 1, RUN_TIMEOUT, "round 1", [run])
     assert (tmp_path / "state" / "partition-2" / "personal.npz").is_file()
-    node = deployment.node_id(2)
-    deployment.kill_node(2)  # mid-run: round 2 has started and waits for it
-    _wait_for(lambda: deployment.node_status().get(node) != "online", 300, "the SuperLink to notice", [run])
-    deployment.start_node(2)  # the node rejoins (same key) with its state directory
+    wrapper = deployment.nodes[2]  # fedpers.apps.supernode_start, which runs flower-supernode
+    node = next(p for p in descendants(wrapper.pid) if "flower-supernode" in _cmdline(p))
+    children = descendants(node)  # subprocess isolation: its flower-superexec (and any flwr-clientapp)
+    assert any("flower-superexec" in _cmdline(p) for p in children)
+    os.kill(node, signal.SIGKILL)  # the SuperNode dies mid-run: round 2 has started and waits for it
+    _wait_for(lambda: not wrapper.alive(), 120, "the start wrapper to end with its SuperNode")
+    assert wrapper.exit_code() == 128 + signal.SIGKILL
+    assert [p for p in children if _pid_alive(p)] == []  # no orphan flower-superexec (issue 30)
+    # restarted at once, while the SuperLink still lists the killed node as online (it refuses it: exit
+    # 305, until it misses the heartbeats): the start wrapper retries until it is let in
+    res = subprocess.run([str(BIN / "fedpers"), "deploy", "restart-node", "--out", str(deployment.root.parent), "2"],
+                         capture_output=True, text=True, timeout=120, env=dict(os.environ, FLWR_TELEMETRY_ENABLED="0"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.startswith("fedpers | SuperNode 2 started again (pid ")
     summary = deployment.wait(run, cfg, RUN_TIMEOUT)
     r1, r2, r3, r4 = read_metrics(tmp_path)
     assert summary["rounds"] == 4
-    # Round 2 ends either without node 2 (its update failed or timed out) or, when the restarted node
-    # rejoins in time, with the update it delivers (Flower redelivers the message to the same node id):
-    # which one is a race on the machine's speed. Either way it must not stall and must keep at least
-    # min_fit_updates valid updates.
+    # Round 2 ends without node 2's update (its message is answered "Node Unavailable" once the SuperLink
+    # misses the heartbeats) and keeps min_fit_updates valid updates.
     assert len(r2["fit_nodes"]) >= cfg.min_fit_updates
     assert r2["round_seconds"] < cfg.round_timeout + 90  # round timeout + Flower's heartbeat expiry
-    # the restarted node registers within seconds; round 3 may start before it is back (it follows round
-    # 2's fit at once when round 2's evaluations go with round 3's fit messages), round 4 has it again
+    # the restarted node is let in within 5 s of the SuperLink noticing; round 4 has it again
     assert r4["fit_clients"] == [0, 1, 2] and set(r4["per_client_acc"]) == {"0", "1", "2"}  # sampled again
     assert r4["client_state_consistent"] is True
-    log = deployment.nodes[2].log_path.read_text()
-    assert "client 2 restored state 'personal'" in log  # ... starting from the head it had before the kill
+    log = (deployment.logs / "supernode-2.log").read_text()
+    restarted = log.split("--- fedpers deploy restart-node 2 at ", 1)[1]
+    assert "the SuperLink refused this SuperNode (exit 305" in restarted  # the retry that issue 30 needed
+    assert "SuperNode ID:" in restarted  # ... and then it joined
+    assert "client 2 restored state 'personal'" in restarted  # starting from the head it had before the kill
+
+
+@pytest.mark.deployment
+def test_a_node_that_does_not_fit_the_run_is_a_failed_client_and_can_fail_the_run(deployment, tmp_path):
+    from fedpers.apps.deploy import make_node_key
+
+    # Issue 30's case: an edge node joins the 3 nodes (num-partitions=3) as partition 3 of 4.
+    key = make_node_key(tmp_path / "edge.key")
+    deployment.register(key.with_name("edge.key.pub"))
+    edge = deployment.start_node(3, key=key, name="edge", num_partitions=4)
+    try:
+        _wait_for(lambda: "SuperNode ID:" in edge.log_path.read_text(), 120, "the edge node to join", [edge])
+        edge_id = re.findall(r"SuperNode ID: (\d+)", edge.log_path.read_text())[-1]
+        # a 3-client run: the 3 nodes fit, the edge node refuses and is the round's failed client
+        fits = _cfg(tmp_path / "fits", rounds=1, fraction_fit=1.0)
+        summary = deployment.run(fits, timeout=RUN_TIMEOUT)
+        (record,) = read_metrics(tmp_path / "fits")
+        assert summary["rounds"] == 1 and record["fit_clients"] == [0, 1, 2]
+        assert record["failed_clients"] == 1 and record["refused_nodes"] == [
+            {"node": edge_id, "reason": "node config num-partitions=4 but the run has num_clients=3"}]
+        # a 4-client run (what the edge node was started for): only the edge node fits, the run needs 4
+        starved = _cfg(tmp_path / "starved", num_clients=4, rounds=1, fraction_fit=1.0)
+        with pytest.raises(FedpersError) as info:
+            deployment.run(starved, timeout=RUN_TIMEOUT)
+        assert str(info.value) == (
+            "round 1: 1 of num_clients=4 clients have a SuperNode that fits the run, fewer than the 4 it needs (max "
+            "of min_fit_updates=1 and the 4 sampled per round); 3 node(s) refused: node config num-partitions=3 but "
+            "the run has num_clients=4 (start each SuperNode with --node-config \"partition-id=N num-partitions=4\")")
+        assert not (tmp_path / "starved" / "summary.json").exists()
+        status = deployment.flwr(["ls", "fedpers", "--format", "json"])
+        runs = json.loads(status.stdout[status.stdout.index("{"):])["runs"]
+        assert [r["status"] for r in runs if "fewer than the 4 it needs" in r.get("status-details", "")] == [
+            "finished:failed"]
+    finally:
+        edge.stop()  # the other tests share the deployment: 3 nodes again
+
+
+def test_restart_node_without_a_deployment_is_one_line(tmp_path, capsys):
+    from fedpers.apps.cli import main
+
+    assert main(["deploy", "restart-node", "--out", str(tmp_path), "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"fedpers: error: {tmp_path}/deploy/nodes/supernode-1.json: no SuperNode 1 of a `fedpers deploy "
+                   f"local` in {tmp_path} (is `fedpers deploy local --out {tmp_path}` running?)")
 
 
 # ------------------------------------------------------------------------------------------------

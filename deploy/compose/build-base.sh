@@ -62,8 +62,14 @@ cp "$RFS/etc/ssl/certs/ca-certificates.crt" "$RFS/tmp/fedpers/debian-ca-certific
 cp -L "$PIP_CERT_FILE" "$RFS/etc/ssl/certs/ca-certificates.crt"
 # The project's lock minus torch/CUDA: the image uses the CPU torch wheel found in /opt/wheels.
 grep -vE '^(torch|torchvision|triton|nvidia-|cuda-)' "$ROOT_DIR/requirements.lock" >"$RFS/tmp/fedpers/constraints.txt"
+# torch: this machine's CPU wheel if it has one (no CUDA libraries in the image), else the locked version
+# from the pip indexes this machine is set up with.
 TORCH_WHEEL="$(ls /opt/wheels/torch-*+cpu-cp311-*.whl 2>/dev/null | sort -V | tail -1 || true)"
-[ -n "$TORCH_WHEEL" ] || { echo "build-base.sh: no CPU torch wheel (torch-*+cpu-cp311-*.whl) in /opt/wheels" >&2; exit 1; }
+if [ -z "$TORCH_WHEEL" ]; then
+  TORCH_WHEEL="$(grep -E '^torch==' "$ROOT_DIR/requirements.lock" | head -1)"
+  TORCH_WHEEL="${TORCH_WHEEL:-torch}"
+  echo "no CPU torch wheel (torch-*+cpu-cp311-*.whl) in /opt/wheels: installing $TORCH_WHEEL from the pip indexes"
+fi
 cat >"$RFS/tmp/fedpers/install.sh" <<SH
 set -eu
 rm -f /etc/nginx/sites-enabled/default           # only the rendered fleet-proxy.conf listens

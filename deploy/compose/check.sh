@@ -1,58 +1,69 @@
 #!/bin/bash
 # make compose-check: the compose stack as shipped (docker-compose.yml), live, on a local base image.
+#  0. prerequisites (deploy/compose/prereqs.sh: installed with apt where root, else one line naming them),
 #  1. base image (deploy/compose/build-base.sh; cached), 2. throwaway certs + superexec secret,
 #  3. `up -d --build` with docker-compose.yml + deploy/compose/local-base.yml (base images only),
-#  4. a short digits run submitted from the operator side through the loopback Control listener,
-#  5. run finished + metrics in the results volume, 6. what must be refused is refused,
-#  7. teardown by project name (always, also on failure or Ctrl-C).
-# Env: FEDPERS_BIN (dir with fedpers and flwr; default .venv/bin), CHECK_OUT (log; default
-# deploy/compose/compose-check-<UTC time>.out, never an existing file), CHECK_PROJECT (default
+#  4. a short digits run submitted from the operator container (Control API on 127.0.0.1:9095 of
+#     fleet-proxy's network namespace), 5. run finished + metrics in the results volume,
+#  6. reachability probes (deploy/compose/probe.py) from inside containers, from the host and from a second
+#     network namespace routed through the host, 7. a SuperNode killed and restarted at once rejoins,
+#  8. a run the nodes do not fit ends failed with its one-line reason, 9. published ports, users, secrets,
+#  10. teardown by project name (always, also on failure or Ctrl-C).
+# Env: FEDPERS_BIN (dir with fedpers; default .venv/bin), CHECK_OUT (log; default
+# results/compose-check/compose-check-<UTC time>.out, never an existing file), CHECK_PROJECT (default
 # fedpers-check), KEEP_CHECK_DIR=1.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BIN="${FEDPERS_BIN:-.venv/bin}"
 PROJECT="${CHECK_PROJECT:-fedpers-check}"
-OUT="${CHECK_OUT:-deploy/compose/compose-check-$(date -u +%Y%m%dT%H%M%SZ).out}"
-if [ -e "$OUT" ]; then echo "compose-check: $OUT exists (a committed result is never overwritten): set CHECK_OUT"; exit 2; fi
-WORK="$(mktemp -d /tmp/fedpers-compose-check.XXXXXX)"
-export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
-# This checkout's code for `fedpers deploy certs` and for `flwr run`'s check of the app's components (the
-# images are built from it too), whatever checkout the venv's fedpers was installed from.
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+OUT="${CHECK_OUT:-results/compose-check/compose-check-$(date -u +%Y%m%dT%H%M%SZ).out}"
+if [ -e "$OUT" ]; then echo "compose-check: $OUT exists (a result is never overwritten): set CHECK_OUT"; exit 2; fi
+mkdir -p "$(dirname "$OUT")" || { echo "compose-check: cannot create $(dirname "$OUT")"; exit 2; }
+[ -x "$BIN/fedpers" ] || { echo "compose-check: $BIN/fedpers missing: make venv (or FEDPERS_BIN=...)"; exit 1; }
 exec > >(tee "$OUT") 2>&1
 T0=$(date +%s)
 step() { echo; echo "== [$(( $(date +%s) - T0 )) s] $*"; }
 fail() { echo "compose-check FAILED: $*"; exit 1; }
 
+step "0. prerequisites (deploy/compose/prereqs.sh)"
+deploy/compose/prereqs.sh fedpers/local-base:bookworm || exit 1
+WORK="$(mktemp -d /tmp/fedpers-compose-check.XXXXXX)"
+export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
+# This checkout's code for `fedpers deploy certs` (the images are built from it too), whatever checkout
+# the venv's fedpers was installed from.
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if docker compose version >/dev/null 2>&1; then DC=(docker compose); else DC=(docker-compose); fi
-command -v "${DC[0]}" >/dev/null || fail "no docker compose: apt-get install docker-compose"
-docker info >/dev/null 2>&1 || fail "no Docker engine: start dockerd (as root)"
-[ -x "$BIN/fedpers" ] && [ -x "$BIN/flwr" ] || fail "$BIN/fedpers or $BIN/flwr missing: make venv (or FEDPERS_BIN=...)"
-command -v curl >/dev/null || fail "curl missing: apt-get install curl"
 COMPOSE=("${DC[@]}" -p "$PROJECT" -f docker-compose.yml -f deploy/compose/local-base.yml)
+CERTS="$WORK/certs"
+export FEDPERS_CERTS="$CERTS"
+NS="fedpers-check-nb"          # the neighbour: a network namespace routed through the host
+STACK=0                        # set once `up` ran: before that there is no stack to tear down
 
 teardown() {
   local rc=$?
   trap - EXIT INT TERM
-  if [ "$rc" != 0 ]; then
-    echo; echo "== logs (last 40 lines per service) after the failure"
-    "${COMPOSE[@]}" logs --no-color --tail=40 2>&1 | tail -400
+  if [ "$STACK" = 1 ]; then
+    if [ "$rc" != 0 ]; then
+      echo; echo "== logs (last 40 lines per service) after the failure"
+      "${COMPOSE[@]}" logs --no-color --tail=40 2>&1 | tail -400
+    fi
+    step "teardown: ${COMPOSE[*]} down -v --remove-orphans"
+    "${COMPOSE[@]}" down -v --remove-orphans --timeout 10 2>&1 | tail -30
   fi
-  step "teardown: ${COMPOSE[*]} down -v --remove-orphans"
-  "${COMPOSE[@]}" down -v --remove-orphans --timeout 10 2>&1 | tail -30
+  ip netns del "$NS" 2>/dev/null; ip link del fpcn-h 2>/dev/null
   # Whatever compose did not remove (e.g. after an interrupted up), by the project's label.
   local left
-  left=$(docker ps -aq --filter "label=com.docker.compose.project=$PROJECT")
+  left=$(docker ps -aq --filter "label=com.docker.compose.project=$PROJECT" 2>/dev/null)
   [ -n "$left" ] && docker rm -f $left >/dev/null
-  left=$(docker network ls -q --filter "label=com.docker.compose.project=$PROJECT")
+  left=$(docker network ls -q --filter "label=com.docker.compose.project=$PROJECT" 2>/dev/null)
   [ -n "$left" ] && docker network rm $left >/dev/null
-  left=$(docker volume ls -q --filter "label=com.docker.compose.project=$PROJECT")
+  left=$(docker volume ls -q --filter "label=com.docker.compose.project=$PROJECT" 2>/dev/null)
   [ -n "$left" ] && docker volume rm $left >/dev/null
   echo "left over: containers=$(docker ps -aq --filter "label=com.docker.compose.project=$PROJECT" | wc -l)" \
        "networks=$(docker network ls -q --filter "label=com.docker.compose.project=$PROJECT" | wc -l)" \
        "volumes=$(docker volume ls -q --filter "label=com.docker.compose.project=$PROJECT" | wc -l)"
   [ "${KEEP_CHECK_DIR:-0}" = 1 ] || rm -rf "$WORK"
-  echo "compose-check: $([ "$rc" = 0 ] && echo PASSED || echo "FAILED (rc $rc)") in $(( $(date +%s) - T0 )) s"
+  echo "compose-check: $([ "$rc" = 0 ] && echo PASSED || echo "FAILED (rc $rc)") in $(( $(date +%s) - T0 )) s; log $OUT"
   exit "$rc"
 }
 trap teardown EXIT
@@ -67,12 +78,9 @@ deploy/compose/build-base.sh || fail "base image build"
 T_BASE=$(( $(date +%s) - t )); echo "base image step: $T_BASE s"
 
 step "2. certificates and superexec secret in $WORK/certs"
-CERTS="$WORK/certs"
-"$BIN/fedpers" deploy certs --out "$CERTS" --nodes 3 --host fleet-proxy --host superlink --host localhost \
-  --host 127.0.0.1 || fail "fedpers deploy certs"
+"$BIN/fedpers" deploy certs --out "$CERTS" --nodes 3 || fail "fedpers deploy certs"
 [ -s "$CERTS/superexec.secret" ] || fail "fedpers deploy certs wrote no superexec.secret"
 ls -l "$CERTS" | sed 's/^/  /'
-export FEDPERS_CERTS="$CERTS"
 
 step "3. ${COMPOSE[*]} up -d --build"
 t=$(date +%s)
@@ -81,51 +89,49 @@ t=$(date +%s)
 [ "${PIPESTATUS[0]}" = 0 ] || fail "docker compose build"
 T_BUILD=$(( $(date +%s) - t )); echo "build: $T_BUILD s"
 t=$(date +%s)
+STACK=1
 "${COMPOSE[@]}" up -d || fail "docker compose up"
-# up returns once every dependency condition held; the SuperNodes still have to reach the proxy.
-FLWR_HOME="$WORK/flwr_home"; mkdir -p "$FLWR_HOME"
-cat >"$FLWR_HOME/config.toml" <<TOML
-[superlink]
-default = "fedpers-docker"
-
-[superlink.fedpers-docker]
-address = "127.0.0.1:9095"
-root-certificates = "$CERTS/ca.crt"
-TOML
-export FLWR_HOME
-online=0
-for _ in $(seq 1 90); do
-  online=$("$BIN/flwr" supernode ls fedpers-docker --format json 2>/dev/null | "$BIN/python" -c '
+op() { "${COMPOSE[@]}" exec -T operator "$@"; }   # the operator's seat (Control API on its loopback)
+online_nodes() {
+  op flwr supernode ls --format json 2>/dev/null | "$BIN/python" -c '
 import json, sys
 text = sys.stdin.read(); text = text[text.find("{"):] if "{" in text else "{}"
-print(sum(n.get("status") == "online" for n in json.loads(text).get("nodes", [])))' 2>/dev/null || echo 0)
-  [ "$online" = 3 ] && break
-  sleep 2
-done
+print(sum(n.get("status") == "online" for n in json.loads(text).get("nodes", [])))' 2>/dev/null || echo 0
+}
+wait_online() {  # wait_online SECONDS: until 3 SuperNodes are online, as the SuperLink sees them
+  local online=0
+  for _ in $(seq 1 "$(( $1 / 2 ))"); do
+    online=$(online_nodes); [ "$online" = 3 ] && return 0
+    sleep 2
+  done
+  echo "only $online of 3 SuperNodes online"; return 1
+}
+# up returns once every dependency condition held; the SuperNodes still have to reach the proxy.
+wait_online 180 || { "${COMPOSE[@]}" ps; fail "the SuperNodes did not come online through fleet-proxy"; }
 "${COMPOSE[@]}" ps
-[ "$online" = 3 ] || fail "only $online of 3 SuperNodes online through fleet-proxy"
-T_UP=$(( $(date +%s) - t )); echo "stack up: $T_UP s (3 SuperNodes online, seen via the Control listener 127.0.0.1:9095)"
+T_UP=$(( $(date +%s) - t )); echo "stack up: $T_UP s (3 SuperNodes online, seen from the operator container)"
 
-step "4. a short run from the operator side: flwr run <app> fedpers-docker --stream (127.0.0.1:9095)"
-APP="$WORK/app"; mkdir -p "$APP"; cp pyproject.toml "$APP/"   # the FAB: run config only; code is in the image
+step "4. a short run from the operator container: flwr run /app/fedpers-app --stream (Control API 127.0.0.1:9095)"
 # rounds' seconds are in metrics.jsonl (round_seconds) below.
 RUN_CONFIG="dataset='digits' num_clients=3 fraction_fit=1.0 rounds=2 local_epochs=1 batch_size=32 aux_size=100
  alpha=1.0 feature_dim=64 ea_steps=3 device='cpu' out_dir='/results/check' client_state_dir='/state'
  checkpoint_dir='/checkpoint/check'"
 t=$(date +%s)
-timeout 900 "$BIN/flwr" run "$APP" fedpers-docker --stream --run-config "$(echo $RUN_CONFIG)" >"$WORK/run.log" 2>&1
+timeout 1200 "${COMPOSE[@]}" exec -T operator flwr run /app/fedpers-app --stream --run-config "$(echo $RUN_CONFIG)" \
+  >"$WORK/run.log" 2>&1
 rc=$?
 tail -25 "$WORK/run.log"
 [ "$rc" = 0 ] || fail "flwr run exited $rc"
 T_RUN=$(( $(date +%s) - t )); echo "run: $T_RUN s"
 
+runs_json() { op flwr ls --format json >"$WORK/ls.json" 2>&1; }
 step "5. the run finished and wrote its metrics (results volume, via the serverapp container)"
-"$BIN/flwr" ls fedpers-docker --format json >"$WORK/ls.json" 2>&1
+runs_json
 "$BIN/python" - "$WORK/ls.json" <<'PY' || fail "the run did not finish as completed"
 import json, sys
 text = open(sys.argv[1]).read(); runs = json.loads(text[text.find("{"):]).get("runs", [])
 print("runs:", [(r.get("run-id"), r.get("status"), r.get("elapsed")) for r in runs])
-assert runs and all(r.get("status") == "finished:completed" for r in runs), "run not finished:completed"
+assert len(runs) == 1 and runs[0].get("status") == "finished:completed", "run not finished:completed"
 PY
 "${COMPOSE[@]}" exec -T serverapp cat /results/check/metrics.jsonl >"$WORK/metrics.jsonl" || fail "no metrics.jsonl"
 "${COMPOSE[@]}" exec -T serverapp test -s /results/check/summary.json || fail "no summary.json"
@@ -135,54 +141,155 @@ rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
 assert [r["round"] for r in rows] == [1, 2], [r.get("round") for r in rows]
 for r in rows:
     print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items() if not isinstance(v, (list, dict))})
+    assert r["failed_clients"] == 0 and "refused_nodes" not in r, r
 PY
 
-step "6. refusals"
-code() { curl -s -o /dev/null -w '%{http_code}' --cacert "$CERTS/ca.crt" "$@"; }
-expect() {  # expect WANT DESCRIPTION curl-args...
-  local want="$1" what="$2"; shift 2
-  local got; got=$(code "$@")
-  echo "  $what -> HTTP $got (want $want)"
-  [[ "$got" =~ ^($want)$ ]] || fail "$what answered $got, not $want"
+step "6. what must be unreachable is unreachable (deploy/compose/probe.py; 'unreachable' = no name, refused, no route or timeout)"
+cid() { "${COMPOSE[@]}" ps -q "$1" | head -1; }
+ip_on() {  # ip_on SERVICE NETWORK: the service's address on the project's network NETWORK
+  docker inspect -f "{{with index .NetworkSettings.Networks \"${PROJECT}_$2\"}}{{.IPAddress}}{{end}}" "$(cid "$1")"
 }
-expect 403 "Control API on the published Fleet port: POST https://127.0.0.1:9093/v1/control/list-runs" \
-  -X POST -H 'Content-Type: application/x-protobuf' https://127.0.0.1:9093/v1/control/list-runs
-expect 403 "Runtime API on the published Fleet port: POST https://127.0.0.1:9093/v1/runtime/acquire-task" \
-  -X POST https://127.0.0.1:9093/v1/runtime/acquire-task
-expect 403 "health/other paths on the Fleet port: GET https://127.0.0.1:9093/health" https://127.0.0.1:9093/health
-expect 403 "a Fleet path with GET: GET https://127.0.0.1:9093/v1/fleet/pull-messages" \
-  https://127.0.0.1:9093/v1/fleet/pull-messages
-expect 403 "Fleet API on the Control listener: POST https://127.0.0.1:9095/v1/fleet/pull-messages" \
-  -X POST https://127.0.0.1:9095/v1/fleet/pull-messages
-# Inside the backend network, the SuperLink's Runtime API refuses a caller without the superexec secret.
-got=$("${COMPOSE[@]}" exec -T serverapp python -c "
-import ssl, urllib.request, urllib.error
-req = urllib.request.Request('https://superlink:9093/v1/runtime/acquire-task', data=b'', method='POST',
-                             headers={'Content-Type': 'application/protobuf'})
-try:
-    print(urllib.request.urlopen(req, context=ssl.create_default_context(cafile='/run/secrets/ca.crt'), timeout=10).status)
-except urllib.error.HTTPError as e:
-    print(e.code)" 2>&1 | tail -1)
-echo "  Runtime API without the superexec secret, from the serverapp container -> HTTP $got (want 401|403)"
-[[ "$got" =~ ^(401|403)$ ]] || fail "unsigned Runtime API request answered $got"
-# Published ports: the proxy's only, Control on loopback; none for the SuperLink.
-for svc in superlink fleet-proxy; do
-  echo "  published by $svc: $("${COMPOSE[@]}" port "$svc" 9093 2>/dev/null || true) $("${COMPOSE[@]}" port "$svc" 9095 2>/dev/null || true)"
+probe_in() {  # probe_in SERVICE "WANT METHOD URL" ...: from inside that container
+  local svc="$1"; shift
+  docker exec -i -e PROBE_FROM="$svc" "$(cid "$svc")" python - "$@" <deploy/compose/probe.py
+}
+PROXY_FLEET=$(ip_on fleet-proxy fleet); PROXY_SAIO=$(ip_on fleet-proxy serverappio)
+N0_NODE=$(ip_on supernode-0 node-0); N1_NODE=$(ip_on supernode-1 node-1); N1_FLEET=$(ip_on supernode-1 fleet)
+echo "  fleet-proxy's namespace (SuperLink, runtime-proxy, operator): fleet $PROXY_FLEET, serverappio $PROXY_SAIO;" \
+     "supernode-0 node-0 $N0_NODE; supernode-1 node-1 $N1_NODE, fleet $N1_FLEET"
+[ -n "$PROXY_FLEET" ] && [ -n "$PROXY_SAIO" ] && [ -n "$N0_NODE" ] && [ -n "$N1_NODE" ] || fail "container addresses"
+PROBES=0
+probed() { [ "$1" = 0 ] || PROBES=1; }
+echo " a ClientApp (clientapp-0, network node-0): its own SuperNode's Runtime API only"
+probe_in clientapp-0 \
+  "401|403 POST http://supernode-0-runtime:9094/v1/runtime/acquire-task" \
+  "unreachable POST http://supernode-1:9094/v1/runtime/acquire-task" \
+  "unreachable POST http://$N1_NODE:9094/v1/runtime/acquire-task" \
+  "unreachable POST http://$N1_FLEET:9094/v1/runtime/acquire-task" \
+  "unreachable POST https://fleet-proxy:9095/v1/control/list-nodes" \
+  "unreachable POST https://$PROXY_FLEET:9095/v1/control/list-nodes" \
+  "unreachable POST https://$PROXY_FLEET:9093/v1/control/list-nodes" \
+  "unreachable POST https://$PROXY_SAIO:9091/v1/runtime/get-nodes"; probed $?
+echo " a SuperNode (supernode-0, networks fleet + node-0): the Fleet API only"
+probe_in supernode-0 \
+  "403 POST https://fleet-proxy:9093/v1/control/list-nodes" \
+  "403 GET https://fleet-proxy:9093/docs" \
+  "403 GET https://fleet-proxy:9093/openapi.json" \
+  "403 POST https://fleet-proxy:9093/v1/runtime/get-nodes" \
+  "unreachable POST https://fleet-proxy:9095/v1/control/list-nodes" \
+  "unreachable GET https://fleet-proxy:9092/docs" \
+  "unreachable POST http://supernode-1:9094/v1/runtime/acquire-task" \
+  "unreachable POST http://$N1_NODE:9094/v1/runtime/acquire-task" \
+  "unreachable POST https://$PROXY_SAIO:9091/v1/runtime/get-nodes"; probed $?
+echo " the ServerApp runner (serverapp, network serverappio): POST /v1/runtime/... through runtime-proxy only"
+probe_in serverapp \
+  "401|403 POST https://runtime-proxy:9091/v1/runtime/get-nodes" \
+  "403 GET https://runtime-proxy:9091/v1/runtime/get-nodes" \
+  "403 POST https://runtime-proxy:9091/v1/control/list-nodes" \
+  "403 POST https://runtime-proxy:9091/v1/fleet/pull-messages" \
+  "403 GET https://runtime-proxy:9091/docs" \
+  "403 GET https://runtime-proxy:9091/openapi.json" \
+  "403 GET https://runtime-proxy:9091/health" \
+  "unreachable POST https://runtime-proxy:9095/v1/control/list-nodes" \
+  "unreachable GET https://runtime-proxy:9092/docs" \
+  "unreachable POST http://$N0_NODE:9094/v1/runtime/acquire-task"; probed $?
+echo " the host: the Fleet port only (nothing published for Control; the SuperLink has no address of its own)"
+PROBE_FROM=host python3 deploy/compose/probe.py \
+  "403 POST https://127.0.0.1:9093/v1/control/list-nodes" \
+  "403 GET https://127.0.0.1:9093/docs" \
+  "403 POST https://127.0.0.1:9093/v1/runtime/get-nodes" \
+  "unreachable POST https://127.0.0.1:9095/v1/control/list-nodes" \
+  "unreachable POST https://$PROXY_FLEET:9095/v1/control/list-nodes" \
+  "unreachable POST https://$PROXY_SAIO:9095/v1/control/list-nodes" \
+  "unreachable GET https://$PROXY_FLEET:9092/docs" \
+  "unreachable GET https://$PROXY_SAIO:9092/docs" \
+  "403 POST https://$PROXY_SAIO:9091/v1/control/list-nodes" \
+  "403 GET https://$PROXY_SAIO:9091/docs"; probed $?
+[ "$(docker inspect -f '{{.HostConfig.NetworkMode}}' "$(cid superlink)")" = "container:$(cid fleet-proxy)" ] \
+  || fail "the SuperLink is not in fleet-proxy's network namespace"
+echo "  superlink: NetworkMode container:<fleet-proxy>, no address of its own"
+echo " a neighbour (network namespace $NS, 10.213.99.2, routing the compose subnets through the host)"
+ip netns add "$NS" && ip link add fpcn-h type veth peer name fpcn-n && ip link set fpcn-n netns "$NS" \
+  && ip addr add 10.213.99.1/30 dev fpcn-h && ip link set fpcn-h up \
+  && ip -n "$NS" addr add 10.213.99.2/30 dev fpcn-n && ip -n "$NS" link set fpcn-n up \
+  && ip -n "$NS" link set lo up && ip -n "$NS" route add default via 10.213.99.1 \
+  || fail "could not set up the neighbour namespace"
+ip netns exec "$NS" env PROBE_FROM=neighbour python3 deploy/compose/probe.py \
+  "403 POST https://10.213.99.1:9093/v1/control/list-nodes" \
+  "403 POST https://$PROXY_FLEET:9093/v1/control/list-nodes" \
+  "unreachable POST https://10.213.99.1:9095/v1/control/list-nodes" \
+  "unreachable POST https://$PROXY_FLEET:9095/v1/control/list-nodes" \
+  "unreachable GET https://$PROXY_FLEET:9092/docs" \
+  "unreachable POST https://$PROXY_SAIO:9091/v1/runtime/get-nodes" \
+  "unreachable POST http://$N0_NODE:9094/v1/runtime/acquire-task" \
+  "unreachable POST http://$N1_FLEET:9094/v1/runtime/acquire-task"; probed $?
+[ "$PROBES" = 0 ] || fail "a probe got another answer than the wanted one (see <-- FAILED above)"
+
+step "7. a SuperNode killed and restarted at once rejoins (supernode-1: its flower-supernode SIGKILLed)"
+t=$(date +%s)
+N1_PID=$("${COMPOSE[@]}" exec -T supernode-1 python -c '
+import os
+for p in sorted(os.listdir("/proc")):
+    if p.isdigit() and p != "1":
+        argv = open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")
+        if any(os.path.basename(a) == b"flower-supernode" for a in argv[:2]):
+            print(p); break')
+[ -n "$N1_PID" ] || fail "no flower-supernode process in supernode-1"
+SINCE=$(date -u +%Y-%m-%dT%H:%M:%S)
+"${COMPOSE[@]}" exec -T supernode-1 sh -c "kill -9 $N1_PID"
+# The start wrapper (PID 1) ends the SuperNode's children and exits 137; `restart: unless-stopped` starts
+# the container again at once, while the SuperLink still lists the node online: exit 305, retried until
+# the SuperLink has missed the killed node's heartbeats and lets the key in again.
+rejoined=0
+for _ in $(seq 1 100); do
+  docker logs --since "$SINCE" "$(cid supernode-1)" >"$WORK/supernode-1.log" 2>&1
+  grep -q "SuperNode ID" "$WORK/supernode-1.log" && { rejoined=1; break; }
+  sleep 2
 done
-[ -z "$(docker ps --filter "label=com.docker.compose.project=$PROJECT" --filter "label=com.docker.compose.service=superlink" --format '{{.Ports}}' | grep -- '->')" ] \
-  || fail "the SuperLink publishes a port"
-"${COMPOSE[@]}" port fleet-proxy 9095 | grep -q '^127.0.0.1:9095$' || fail "Control listener not bound to 127.0.0.1"
+[ "$rejoined" = 1 ] || fail "supernode-1 did not rejoin within 200 s"
+wait_online 60 || fail "supernode-1 rejoined but the SuperLink does not list 3 SuperNodes online"
+grep -E "refused this SuperNode|SuperNode ID" "$WORK/supernode-1.log" | tail -6 | sed 's/^/  /'
+grep -q "the SuperLink refused this SuperNode (exit 305" "$WORK/supernode-1.log" \
+  || fail "the restarted supernode-1 was not refused first: the retry was not exercised"
+echo "  supernode-1 restarts: $(docker inspect -f '{{.RestartCount}}' "$(cid supernode-1)"); back online after" \
+     "$(( $(date +%s) - t )) s"
+
+step "8. a run the SuperNodes do not fit (num_clients=2; every node has num-partitions=3) ends failed, in one line"
+timeout 900 "${COMPOSE[@]}" exec -T operator flwr run /app/fedpers-app --stream --run-config \
+  "dataset='digits' num_clients=2 fraction_fit=1.0 rounds=2 round_timeout=300 device='cpu' out_dir='/results/misfit' client_state_dir='/state' checkpoint_dir='/checkpoint/misfit'" \
+  >"$WORK/misfit.log" 2>&1
+grep -E "refuses this run|FedpersError" "$WORK/misfit.log" | sed 's/^/  /'
+runs_json
+"$BIN/python" - "$WORK/ls.json" <<'PY' || fail "the run the nodes do not fit did not end failed with its reason"
+import json, sys
+text = open(sys.argv[1]).read(); runs = json.loads(text[text.find("{"):]).get("runs", [])
+failed = [r for r in runs if r.get("status") == "finished:failed"]
+assert len(runs) == 2 and len(failed) == 1, [(r.get("run-id"), r.get("status")) for r in runs]
+details = failed[0]["status-details"]
+print("  status:", failed[0]["status"], "|", details)
+assert "\n" not in details
+assert "of num_clients=2 clients have a SuperNode that fits the run, fewer than the 2 it needs" in details, details
+assert "refused: node config num-partitions=3 but the run has num_clients=2" in details, details
+PY
+
+step "9. published ports, users, secrets"
+for svc in fleet-proxy runtime-proxy superlink serverapp supernode-0 clientapp-0 operator; do
+  echo "  $svc publishes: $(docker ps --filter "id=$(cid "$svc")" --format '{{.Ports}}')"
+done
+published=$(docker ps --filter "label=com.docker.compose.project=$PROJECT" --format '{{.Names}} {{.Ports}}' | grep -- '->' || true)
+[ "$(echo "$published" | grep -c -- '->')" = 1 ] && echo "$published" | grep -q "fleet-proxy" \
+  && ! echo "$published" | grep -q 9095 || fail "something other than fleet-proxy's 9093 is published: $published"
 # Secrets as the services see them: the copy owned by app, no ca.key anywhere.
 "${COMPOSE[@]}" exec -T superlink sh -c 'ls -ln /run/fedpers-secrets; id app; ls -ln /superlink' | sed 's/^/  superlink: /'
-for svc in superlink serverapp supernode-0 clientapp-0; do  # fleet-proxy: nginx master is root by design
+for svc in superlink serverapp supernode-0 clientapp-0 operator; do  # the proxies: nginx master is root by design
   uid=$("${COMPOSE[@]}" exec -T "$svc" sh -c 'grep "^Uid:" /proc/1/status' | awk '{print $2}')
   echo "  $svc: main process uid $uid"
   [ "$uid" = 49999 ] || fail "$svc runs as uid $uid, not app (49999)"
 done
-for svc in superlink fleet-proxy register-supernodes serverapp supernode-0 clientapp-0; do
-  cid=$("${COMPOSE[@]}" ps -q "$svc" 2>/dev/null | head -1)
-  [ -n "$cid" ] || cid=$(docker ps -aq --filter "label=com.docker.compose.project=$PROJECT" --filter "label=com.docker.compose.service=$svc" | head -1)
-  mounts=$(docker inspect -f '{{range .Mounts}}{{.Source}} {{end}}' "$cid")
+for svc in superlink fleet-proxy runtime-proxy register-supernodes operator serverapp supernode-0 clientapp-0; do
+  c=$(cid "$svc")
+  [ -n "$c" ] || c=$(docker ps -aq --filter "label=com.docker.compose.project=$PROJECT" --filter "label=com.docker.compose.service=$svc" | head -1)
+  mounts=$(docker inspect -f '{{range .Mounts}}{{.Source}} {{end}}' "$c")
   echo "  $svc mounts: $(for m in $mounts; do case "$m" in "$CERTS"/*) basename "$m";; esac; done | tr '\n' ' ')"
   case " $mounts " in *"/ca.key "*|*" $CERTS "*) fail "$svc mounts ca.key or the whole certs directory";; esac
 done

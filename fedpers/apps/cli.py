@@ -6,6 +6,7 @@
     fedpers sweep SWEEP.yaml --out DIR                          methods x datasets x alpha x seeds, resumable
     fedpers report DIR                                          table.md/.csv and PNG figures of a sweep
     fedpers deploy local --clients N [CONFIG.yaml] [--set ...] --out DIR   SuperLink + N SuperNodes, TLS
+    fedpers deploy restart-node --out DIR N                     SuperNode N of that deployment, again
 
 Bad input (unknown key, wrong type, missing data file, impossible split) prints one line
 ``fedpers: error: ...`` and exits with code 2, before any training starts; a failure of the simulation
@@ -86,14 +87,19 @@ def _parser() -> argparse.ArgumentParser:
     local.add_argument("--isolation", choices=("subprocess", "process"), default="subprocess",
                        help="ClientApp isolation of the SuperNodes (default: subprocess)")
     local.add_argument("--timeout", type=float, default=3600.0, help="seconds the run may take (default 3600)")
+    restart = dsub.add_parser("restart-node", help="start SuperNode N of a running `deploy local` again (e.g. after "
+                              "it was killed); works at once: a refusal is retried for up to 150 s")
+    restart.add_argument("--out", required=True, help="the --out directory of the running `fedpers deploy local`")
+    restart.add_argument("node", type=int, help="the SuperNode's number (its partition id), 0..clients-1")
     certs = dsub.add_parser("certs", help="make a CA, a SuperLink certificate and SuperNode keys")
     certs.add_argument("--out", required=True, help="directory for ca.crt, server.pem/.key, supernode-<i>.key(.pub), "
                        "superexec.secret")
     certs.add_argument("--nodes", type=int, default=3, help="number of SuperNode key pairs")
     certs.add_argument("--force", action="store_true", help="replace a CA already in --out")
     certs.add_argument("--host", dest="hosts", action="append", default=[],
-                       help="DNS name or IP the SuperLink and its Fleet proxy are reached at (repeatable; "
-                            "default fleet-proxy, superlink, localhost, 127.0.0.1)")
+                       help="another DNS name or IP the Fleet proxy is reached at, e.g. the public name edge "
+                            "SuperNodes use (repeatable); added to the names the compose stack needs: fleet-proxy, "
+                            "runtime-proxy, superlink, localhost, 127.0.0.1")
     return p
 
 
@@ -307,14 +313,21 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    """``deploy local``: one experiment on a loopback deployment; ``deploy certs``: TLS material and keys."""
+    """``deploy local``: one experiment on a loopback deployment; ``deploy restart-node``: one of its
+    SuperNodes started again; ``deploy certs``: TLS material and keys."""
     from fedpers.apps import deploy
 
     if args.deploy_command == "certs":
-        pki = deploy.make_certs(args.out, args.nodes, args.hosts or ["fleet-proxy", "superlink", "localhost", "127.0.0.1"],
-                                force=args.force)
-        print(f"fedpers | CA {pki.ca_cert}, SuperLink certificate {pki.server_cert}, "
+        hosts = deploy.cert_hosts(args.hosts)
+        pki = deploy.make_certs(args.out, args.nodes, hosts, force=args.force)
+        print(f"fedpers | CA {pki.ca_cert}, SuperLink certificate {pki.server_cert} for {', '.join(hosts)}, "
               f"{len(pki.node_keys)} SuperNode keys in {pki.dir}")
+        return 0
+    if args.deploy_command == "restart-node":
+        record = deploy.restart_node(args.out, args.node)
+        print(f"fedpers | SuperNode {args.node} started again (pid {record['node']['pid']}, log "
+              f"{record['node']['log']}); it rejoins once the SuperLink lets its key in (retried for up to "
+              f"{deploy.DEFAULT_RETRY_FOR:.0f} s)", flush=True)
         return 0
     if args.clients < 1:
         raise FedpersError("--clients must be >= 1")

@@ -24,6 +24,7 @@ import torch
 from flwr.app import Context, Message
 from flwr.client import ClientApp
 
+from clients.base import partition_id_of
 from fedpers.registry.config import Config, from_run_config
 from fedpers.core.federation import use_client_slice
 from fedpers.registry.methods import client_for_message
@@ -90,6 +91,9 @@ def own_samples_only(msg: Message, context: Context, call_next) -> Message:
     if not isinstance(pid, int) and not str(pid).isdigit():
         return call_next(msg, context)  # the client reports a missing or bad partition id itself
     cfg = config_of(context)
+    # A node that does not fit the run says so (NodeMismatchError, which the server counts as a refusal)
+    # before its partition id is used to slice another run's data (an IndexError, issue 30).
+    partition_id_of(context, cfg.num_clients)
     with use_client_slice(cfg, int(pid), state_dir_of(context.node_config, cfg.client_state_dir)):
         return call_next(msg, context)
 

@@ -435,9 +435,12 @@ class LocalDeployment:
             self.start_node(i)
 
     def stop(self) -> None:
-        """Stop every process this deployment started (SuperNodes and executors first, SuperLink last)."""
+        """Stop every process this deployment started (SuperNodes and executors first, SuperLink last),
+        and the SuperNodes ``fedpers deploy restart-node`` started for it since."""
         for proc in [*self._extra, *self.executors.values(), *self.nodes.values()]:
             _stop_tree(proc, grace=3.0)
+        for i in range(self.num_nodes):
+            stop_recorded_node(self.root, i)
         for proc in (self.proxy, self.superlink):
             if proc is not None:
                 _stop_tree(proc, grace=5.0)
@@ -456,25 +459,34 @@ class LocalDeployment:
             raise FedpersError(f"flwr supernode register {public_key.name} failed:\n{res.stdout}{res.stderr}")
 
     def start_node(self, i: int, key: Path | None = None, name: str | None = None,
-                   num_partitions: int | None = None, state_dir: str | None = None) -> Proc:
-        """Start SuperNode ``i`` (partition-id ``i``), authenticated with its key (or ``key``)."""
+                   num_partitions: int | None = None, state_dir: str | None = None,
+                   retry_for: float | None = None) -> Proc:
+        """Start SuperNode ``i`` (partition-id ``i``), authenticated with its key (or ``key``), through the
+        start wrapper (:mod:`fedpers.apps.supernode_start`: a refusal right after a restart is retried for
+        ``retry_for`` seconds, default 150 for the deployment's own nodes and 0 for another ``name``; the
+        SuperNode's children end with it). The deployment's own nodes are recorded in ``nodes/`` for
+        ``fedpers deploy restart-node``."""
         assert self.pki is not None
         key = key or self.pki.node_keys[i]
         name = name or f"supernode-{i}"
-        port = self.node_ports.get(i) if name == f"supernode-{i}" else None
+        own = name == f"supernode-{i}"
+        port = self.node_ports.get(i) if own else None
         port = port or free_port("127.0.0.1")
         node_config = f"partition-id={i} num-partitions={num_partitions or self.num_nodes}"
         if state_dir:
             node_config += f' state-dir="{state_dir}"'
         home = self.root / f"home-{name}"
+        if retry_for is None:
+            retry_for = DEFAULT_RETRY_FOR if own else 0.0
         # The SuperNode's own ClientApp-facing port stays on loopback: only its SuperExec connects to it.
-        argv = [_bin("flower-supernode"), "--superlink", self.address, "--root-certificates", str(self.pki.ca_cert),
+        argv = [sys.executable, "-m", "fedpers.apps.supernode_start", "--retry-for", f"{retry_for:g}", "--",
+                _bin("flower-supernode"), "--superlink", self.address, "--root-certificates", str(self.pki.ca_cert),
                 "--auth-supernode-private-key", str(key), "--node-config", node_config,
                 "--host", "127.0.0.1", "--port", str(port), "--isolation", self.isolation]
         if self.isolation == "process":
             argv += ["--superexec-auth-secret-file", str(self.pki.superexec_secret)]
         proc = Proc(name, argv, self.logs / f"{name}.log", self._env(home), cwd=self.root)
-        if name != f"supernode-{i}":
+        if not own:
             self._extra.append(proc)
             return proc
         self.nodes[i] = proc
@@ -482,6 +494,9 @@ class LocalDeployment:
         if self.isolation == "process":  # the ClientApp executor runs as its own process
             wait_for_port("127.0.0.1", port, self.startup_timeout, proc)
             self.executors[i] = self.start_superexec(i, f"superexec-{i}", self.pki.superexec_secret)
+        write_node_record(self.root, i, {"node": _launch_record(proc, home),
+                                         "superexec": _launch_record(self.executors[i], self.root / f"home-{name}")
+                                         if i in self.executors else None})
         return proc
 
     def start_superexec(self, i: int, name: str, secret: Path | None) -> Proc:
@@ -570,6 +585,118 @@ def run_error(log: str) -> str | None:
     return None
 
 
+# --------------------------------------------------------------------------------------------------
+# restarting a SuperNode of a running `deploy local` (fedpers deploy restart-node)
+# --------------------------------------------------------------------------------------------------
+DEFAULT_RETRY_FOR = 150.0  # seconds a restarted SuperNode retries Flower's 305 refusal (supernode_start.py)
+NODES_DIR = "nodes"  # OUT/deploy/nodes/supernode-<i>.json: how node i was started, and its current PIDs
+
+
+def _launch_record(proc: Proc, home: Path) -> dict:
+    """How ``proc`` was started (argv, log, cwd, its FLWR_HOME) and which process it is (PID + start time)."""
+    return {"argv": proc.argv, "log": str(proc.log_path), "home": str(home), "pid": proc.pid,
+            "started": _process_start(proc.pid)}
+
+
+def _process_start(pid: int) -> str | None:
+    """``/proc/PID/stat``'s start time: with the PID it names one process, even once the PID is reused."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def node_record_path(root: Path, i: int) -> Path:
+    """Where SuperNode ``i`` of the deployment in ``root`` (``OUT/deploy``) is recorded."""
+    return Path(root) / NODES_DIR / f"supernode-{i}.json"
+
+
+def write_node_record(root: Path, i: int, record: dict) -> None:
+    """Record how SuperNode ``i`` runs (written whole, then renamed: a reader never sees half a file)."""
+    path = node_record_path(root, i)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    os.replace(tmp, path)
+
+
+def _stop_recorded(entry: dict | None, grace: float = 3.0) -> None:
+    """Stop the process of a launch record, its process group and its descendants, if it is still the
+    recorded process (same PID and start time): a PID reused since is never signalled."""
+    if not entry:
+        return
+    pid = int(entry["pid"])
+    if entry.get("started") is None or _process_start(pid) != entry["started"]:
+        return
+    tree = descendants(pid)
+    _signal_group(pid, signal.SIGTERM)
+    signal_pids([pid, *tree], signal.SIGTERM)
+    end = time.monotonic() + grace
+    while _process_start(pid) == entry["started"] and _state(pid) != "Z" and time.monotonic() < end:
+        time.sleep(0.1)
+    if _process_start(pid) == entry["started"]:
+        signal_pids([pid, *descendants(pid), *tree], signal.SIGKILL)
+        _signal_group(pid, signal.SIGKILL)
+
+
+def _state(pid: int) -> str | None:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def stop_recorded_node(root: Path, i: int) -> None:
+    """Stop SuperNode ``i`` (and its SuperExec) as recorded in ``root``, whoever started it."""
+    path = node_record_path(root, i)
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    _stop_recorded(record.get("superexec"))
+    _stop_recorded(record.get("node"))
+
+
+def restart_node(out: str | os.PathLike, i: int) -> dict:
+    """``fedpers deploy restart-node --out OUT N``: stop SuperNode ``N`` of the ``deploy local`` running in
+    ``OUT`` if it still runs, and start it again as it was started (same key, node config, port, state
+    directory), detached from this command; returns its new record. The start wrapper retries while the
+    SuperLink still lists the killed node as online (exit 305, for up to 150 s), so this works right after
+    a kill. The ``deploy local`` command stops the restarted node when it ends."""
+    root = Path(out).resolve() / "deploy"
+    path = node_record_path(root, i)
+    if not path.is_file():
+        have = sorted(p.stem for p in (root / NODES_DIR).glob("supernode-*.json")) if (root / NODES_DIR).is_dir() else []
+        raise FedpersError(f"{path}: no SuperNode {i} of a `fedpers deploy local` in {out}"
+                           + (f" (it has {', '.join(have)})" if have else " (is `fedpers deploy local --out "
+                              f"{out}` running?)"))
+    try:
+        record = json.loads(path.read_text())
+        for entry in (record["node"], record.get("superexec") or {"argv": [], "log": "", "home": ""}):
+            entry["argv"], entry["log"], entry["home"]  # noqa: B018 (each key must be there)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise FedpersError(f"{path}: not a node record of `fedpers deploy local` ({exc})") from None
+    if not (root / "pki").is_dir():
+        raise FedpersError(f"{root / 'pki'} is missing: the deployment in {out} is gone")
+    stop_recorded_node(root, i)
+    new: dict = {}
+    for kind, entry in (("node", record["node"]), ("superexec", record.get("superexec"))):
+        if not entry:
+            new[kind] = None
+            continue
+        env = flower_env(Path(entry["home"]))
+        env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+        with open(entry["log"], "ab") as log:
+            log.write(f"\n--- fedpers deploy restart-node {i} at {dt.datetime.now().isoformat(timespec='seconds')}"
+                      f" ---\n".encode())
+            log.flush()
+            popen = subprocess.Popen(entry["argv"], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(root),
+                                     start_new_session=True)
+        new[kind] = {**entry, "pid": popen.pid, "started": _process_start(popen.pid)}
+    write_node_record(root, i, new)
+    return new
+
+
 def deploy_config(cfg, out: Path, resume: bool):
     """``cfg`` with absolute paths and, unless set, client state and checkpoint under ``out``."""
     import shutil
@@ -602,8 +729,8 @@ def deploy_local(cfg, clients: int, out: str | os.PathLike, isolation: str = "su
     with LocalDeployment(out / "deploy", clients, isolation=isolation) as dep:
         print(f"fedpers | deploy: SuperLink https://{dep.superlink_address} (loopback, TLS, SuperNode auth, pid "
               f"{dep.superlink.pid}) behind nginx: Fleet API https://{dep.address}, Control API "
-              f"https://{dep.control_address}; {clients} SuperNodes ({isolation} isolation), logs {dep.logs}",
-              flush=True)
+              f"https://{dep.control_address}; {clients} SuperNodes ({isolation} isolation), logs {dep.logs}; "
+              f"restart a killed SuperNode: fedpers deploy restart-node --out {out} N", flush=True)
         run = dep.submit(cfg)
         return dep.wait(run, cfg, timeout)
 
@@ -614,10 +741,24 @@ def _raise_interrupt(signum, frame) -> None:
     raise Interrupted(signum)
 
 
+# Every name the compose stack's TLS listeners are reached by: SuperNodes -> fleet-proxy, the ServerApp
+# runner -> runtime-proxy, the operator and the registrar -> 127.0.0.1 (Control, in fleet-proxy's network
+# namespace), the proxies -> the SuperLink (verified as `superlink`), health checks -> localhost.
+# `fedpers deploy certs --host NAME` adds to these, never replaces them (issue 30).
+DEFAULT_CERT_HOSTS = ("fleet-proxy", "runtime-proxy", "superlink", "localhost", "127.0.0.1")
+
+
+def cert_hosts(extra: Iterable[str] = ()) -> list[str]:
+    """The SuperLink certificate's names: :data:`DEFAULT_CERT_HOSTS`, then each of ``extra`` not among them
+    (in order, without repeats)."""
+    return list(dict.fromkeys([*DEFAULT_CERT_HOSTS, *(h.strip() for h in extra if h.strip())]))
+
+
 def make_certs(out: str | os.PathLike, nodes: int, hosts: Iterable[str], *, force: bool = False) -> Pki:
-    """``fedpers deploy certs``: CA, SuperLink certificate for ``hosts``, SuperNode key pairs. A directory
-    that already holds a CA is refused unless ``force``: replacing a CA invalidates every certificate and
-    node registration made with it."""
+    """``fedpers deploy certs``: CA, SuperLink certificate for ``hosts`` (the caller adds them to
+    :data:`DEFAULT_CERT_HOSTS` with :func:`cert_hosts`), SuperNode key pairs. A directory that already holds
+    a CA is refused unless ``force``: replacing a CA invalidates every certificate and node registration
+    made with it."""
     if nodes < 1:
         raise FedpersError(f"--nodes must be >= 1 (one key pair per SuperNode), got {nodes}")
     if not str(out).strip():

@@ -34,6 +34,12 @@ class ClientUpdateError(FedpersError):
     """A message from the server to a client (or back) does not match the local model."""
 
 
+class NodeMismatchError(ClientUpdateError):
+    """A SuperNode's node config does not fit the run (no partition-id, another num-partitions, a
+    partition-id out of range): it can answer no message of this run. The server reads the class name in
+    the error reply Flower sends back (``strategies/refusals.py``) and counts the node as refusing."""
+
+
 class EngineError(FedpersError):
     """The simulation engine (Flower, Ray) failed on its own, not on bad input: one line, exit code 1."""
 
