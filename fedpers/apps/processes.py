@@ -14,23 +14,7 @@ import signal
 from pathlib import Path
 from typing import Iterable
 
-
-def descendants(pid: int) -> list[int]:
-    """PIDs of every live descendant of ``pid``, parents before their children (from ``/proc``; empty
-    where ``/proc`` is absent)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
+from fedpers.apps.supernode_start import descendants  # noqa: F401  (also this module's API)
 
 
 def signal_pids(pids: Iterable[int], sig: int) -> None:

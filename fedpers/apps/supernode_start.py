@@ -94,9 +94,10 @@ def _prctl(option: int, value: int) -> None:
         pass
 
 
-def _descendants(pid: int) -> list[int]:
-    """Live descendants of ``pid`` from /proc, parents first (a copy of fedpers.apps.processes.descendants:
-    this file runs where fedpers is not installed)."""
+def descendants(pid: int) -> list[int]:
+    """PIDs of every live (not zombie) descendant of ``pid``, parents before their children, from ``/proc``
+    (empty where it is absent). Here, not in fedpers.apps.processes, which imports it: this file runs on
+    its own in the SuperNode image, where fedpers is not installed."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -127,7 +128,7 @@ def _reap() -> None:
 def end_descendants(grace: float = 3.0) -> None:
     """SIGTERM every descendant of this process, SIGKILL what is left after ``grace`` seconds, reap."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        pids = _descendants(os.getpid())
+        pids = descendants(os.getpid())
         for pid in pids:
             try:
                 os.kill(pid, sig)
@@ -136,7 +137,7 @@ def end_descendants(grace: float = 3.0) -> None:
         end = time.monotonic() + (grace if sig == signal.SIGTERM else 1.0)
         while pids and time.monotonic() < end:
             _reap()
-            pids = _descendants(os.getpid())
+            pids = descendants(os.getpid())
             if pids:
                 time.sleep(0.1)
     _reap()
