@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from fedpers.core.errors import FedpersError
-from fedpers.apps.processes import descendants, signal_pids
+from fedpers.apps.processes import descendants, process_state, signal_pids, start_time
 
 FEDERATION = "fedpers"  # name of the SuperLink connection in the private FLWR_HOME
 FLWR_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
@@ -595,15 +595,7 @@ NODES_DIR = "nodes"  # OUT/deploy/nodes/supernode-<i>.json: how node i was start
 def _launch_record(proc: Proc, home: Path) -> dict:
     """How ``proc`` was started (argv, log, cwd, its FLWR_HOME) and which process it is (PID + start time)."""
     return {"argv": proc.argv, "log": str(proc.log_path), "home": str(home), "pid": proc.pid,
-            "started": _process_start(proc.pid)}
-
-
-def _process_start(pid: int) -> str | None:
-    """``/proc/PID/stat``'s start time: with the PID it names one process, even once the PID is reused."""
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
+            "started": start_time(proc.pid)}
 
 
 def node_record_path(root: Path, i: int) -> Path:
@@ -626,24 +618,17 @@ def _stop_recorded(entry: dict | None, grace: float = 3.0) -> None:
     if not entry:
         return
     pid = int(entry["pid"])
-    if entry.get("started") is None or _process_start(pid) != entry["started"]:
+    if entry.get("started") is None or start_time(pid) != entry["started"]:
         return
     tree = descendants(pid)
     _signal_group(pid, signal.SIGTERM)
     signal_pids([pid, *tree], signal.SIGTERM)
     end = time.monotonic() + grace
-    while _process_start(pid) == entry["started"] and _state(pid) != "Z" and time.monotonic() < end:
+    while start_time(pid) == entry["started"] and process_state(pid) != "Z" and time.monotonic() < end:
         time.sleep(0.1)
-    if _process_start(pid) == entry["started"]:
+    if start_time(pid) == entry["started"]:
         signal_pids([pid, *descendants(pid), *tree], signal.SIGKILL)
         _signal_group(pid, signal.SIGKILL)
-
-
-def _state(pid: int) -> str | None:
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
 
 
 def stop_recorded_node(root: Path, i: int) -> None:
@@ -692,7 +677,7 @@ def restart_node(out: str | os.PathLike, i: int) -> dict:
             log.flush()
             popen = subprocess.Popen(entry["argv"], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(root),
                                      start_new_session=True)
-        new[kind] = {**entry, "pid": popen.pid, "started": _process_start(popen.pid)}
+        new[kind] = {**entry, "pid": popen.pid, "started": start_time(popen.pid)}
     write_node_record(root, i, new)
     return new
 
