@@ -34,11 +34,10 @@ from fedpers.core.models import Part, build_model, get_arrays, set_arrays
 from fedpers.core.schema import Config, parse_id_list
 from fedpers.core.state_store import ClientStateStore, config_fingerprint, state_dir_of
 from fedpers.core.training import evaluate, resolve_device, seed_everything, sgd, train_epochs
-from fedpers.core.results import VALIDATION_PREFIX
 from fedpers.core.validation import corrupt_update
-from fedpers.core.wire import (MODEL_SECTION, WHOLE_MODEL, Contract, ContractSide, SectionError, carried_metrics,
-                          evaluate_round_of, join_sections, round_config, section_counts_of, server_round_of,
-                          split_sections)
+from fedpers.core.wire import (MODEL_SECTION, VALIDATION_PREFIX, WHOLE_MODEL, Contract, ContractSide, SectionError,
+                          carried_metrics, evaluate_round_of, join_sections, round_config, section_counts_of,
+                          server_round_of, split_sections)
 
 STATE_PREFIX = "fedpers."
 ROUNDS_RECORD = "saved_rounds"  # context.state ConfigRecord: state name -> round it was saved in

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fedpers.core.wire import VALIDATION_PREFIX
+
 # The accuracies people compare, each per round in metrics.jsonl and summarised in summary.json:
 # global_acc (the shared model on the union of the test splits), personalized_macro_acc (each client's own
 # model on its own test split, equal weight per client: the pFedKDH paper's) and personalized_weighted_acc
@@ -21,7 +23,6 @@ from typing import Any
 # (val_personalized_macro_acc, val_personalized_macro_acc_fair, val_per_client_acc, ...): values are chosen
 # on those. Shared-model methods have no separate validation global accuracy: their clients evaluate the
 # global model on their own validation splits (val_personalized_macro_acc).
-VALIDATION_PREFIX = "val_"
 ACCURACY_PREFIXES = ("global_acc", "personalized_macro_acc", "personalized_weighted_acc",
                      VALIDATION_PREFIX + "personalized_macro_acc")
 LAST_ROUNDS = 5

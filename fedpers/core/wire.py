@@ -21,6 +21,9 @@ def server_round_of(config: Mapping[str, Any]) -> int:
     return int(config.get(SERVER_ROUND, 0))
 
 
+VALIDATION_PREFIX = "val_"  # in an evaluate reply's metrics: the same metric on the client's validation split
+
+
 JDFL_ROW = "jdfl_row"  # JDFL: the client's soft-target mass over the pseudo-domains (graded/hard targets)
 
 
