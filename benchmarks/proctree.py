@@ -48,11 +48,19 @@ class Sampler(threading.Thread):
             self.stop.wait(self.interval)
 
 
-def run_sampled(cmd: list[str], *, cwd: Path, interval: float, timeout: float) -> tuple[int | str, Sampler]:
+def run_sampled(cmd: list[str], *, cwd: Path, interval: float, timeout: float,
+                log: Path | None = None) -> tuple[int | str, Sampler]:
     """Run ``cmd`` in its own session (telemetry and runtime installs off) while a :class:`Sampler` watches
-    its process tree; on timeout only that session is terminated. Returns (exit code or "timeout", sampler)."""
+    its process tree; on timeout only that session is terminated. With ``log`` its output also goes to that
+    file. Returns (exit code or "timeout", sampler)."""
     env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, start_new_session=True)
+    out = None if log is None else open(log, "a")
+    try:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, start_new_session=True, stdout=out,
+                                stderr=None if out is None else subprocess.STDOUT)
+    finally:
+        if out is not None:
+            out.close()  # the child holds its own descriptor
     sampler = Sampler(proc.pid, interval)
     sampler.start()
     try:

@@ -289,6 +289,9 @@ class FedPersStrategy(ContractSide, Strategy):
             arrays = parameters_to_ndarrays(res.parameters)
         except Exception as exc:  # undecodable payload
             return {}, f"undecodable arrays ({type(exc).__name__})"
+        # The encoded payload is not read again: dropping it now means a round's replies are held once
+        # (decoded), not twice, while the rest of the round's replies are decoded (issue 31).
+        res.parameters.tensors.clear()
         try:
             sections = split_sections(arrays, res.metrics, self.upload_sections)
         except SectionError as exc:

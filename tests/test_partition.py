@@ -107,7 +107,47 @@ def test_only_a_clients_own_samples_are_moved_to_the_device():
     data = fresh.client(2, torch.device("meta"))
     assert data.train.x.device.type == "meta" and data.test.y.device.type == "meta"
     assert len(data.train) == len(fed.partition.train[2]) and len(data.test) == len(fed.partition.test[2])
-    on_device = [s for s in fresh._on_device.values() if s.x.device.type == "meta"]
+    on_device = [s for c in fresh._clients.values() for s in (c.train, c.test) if s.x.device.type == "meta"]
     assert sum(len(s) for s in on_device) == len(fed.partition.train[2]) + len(fed.partition.test[2])
+    assert not fresh._on_device  # no server split was built for a client
     cpu = fresh.client(2, torch.device("cpu"))
     assert torch.equal(cpu.train.y, torch.as_tensor(fed.dataset.y_train[fed.partition.train[2]]))
+
+
+def test_an_actor_keeps_only_the_clients_it_served_last(monkeypatch):
+    """Federation.client keeps CLIENTS_KEPT clients' splits, least recently served out first: a
+    10,000-client run's actor does not grow to a copy of the dataset (issue 31)."""
+    import torch
+
+    from fedpers.core import federation as federation_module
+    from fedpers.core.federation import Federation, get_federation
+    from fedpers.registry.config import build_config
+
+    monkeypatch.setattr(federation_module, "CLIENTS_KEPT", 2)
+    fed = get_federation(build_config({"dataset": "digits", "num_clients": 4, "aux_size": 100, "alpha": 1.0}))
+    fresh = Federation(fed.dataset, fed.partition)
+    cpu = torch.device("cpu")
+    first = fresh.client(0, cpu)
+    fresh.client(1, cpu)
+    assert fresh.client(0, cpu) is first  # kept, and now the most recent
+    fresh.client(2, cpu)  # evicts client 1, the least recent
+    assert [pid for pid, _ in fresh._clients] == [0, 2]
+    again = fresh.client(1, cpu)
+    assert [pid for pid, _ in fresh._clients] == [2, 1]
+    assert torch.equal(again.train.y, torch.as_tensor(fed.dataset.y_train[fed.partition.train[1]]))
+
+
+def test_iid_deals_every_class_evenly_even_with_one_test_sample_per_client():
+    """IID with as many clients as test samples: everyone gets exactly one test sample, and each client's
+    count of every class is floor or ceil of n_c / K (the old 1/K-per-class cut left clients empty)."""
+    rng = np.random.default_rng(0)
+    y_train, y_test = rng.integers(0, 4, size=1000), rng.integers(0, 4, size=40)
+    p = make_partition(y_train, y_test, num_clients=40, scheme="iid", seed=3)
+    assert [len(t) for t in p.test] == [1] * 40
+    assert sorted(np.concatenate(p.train).tolist()) == list(range(1000))
+    for c in range(4):
+        n_c = int((y_train == c).sum())
+        counts = [int((y_train[t] == c).sum()) for t in p.train]
+        assert set(counts) <= {n_c // 40, -(-n_c // 40)}
+    again = make_partition(y_train, y_test, num_clients=40, scheme="iid", seed=3)
+    assert all(np.array_equal(a, b) for a, b in zip(p.train, again.train))

@@ -93,3 +93,37 @@ def test_ast_parse_is_one_call_at_a_time_for_the_simulation_engine(monkeypatch):
         t.join(timeout=10)
     assert not any(t.is_alive() for t in threads)
     assert seen == [1] * 6 and ast.parse("y = 2") == "y = 2"
+
+
+def test_two_thousand_clients_train_and_evaluate_only_their_samples(tmp_path):
+    """Issue 31: 2,000 clients (digits images, 3 train and 1 test each), 1 % trained and 20 evaluated per
+    round, state on disk, in the Ray simulation: it finishes, every round trains and evaluates exactly its
+    seeded samples, and only clients that took part hold state on disk."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    from fedpers.core.federation import get_federation
+    from fedpers.registry.methods import strategy_class_for
+
+    digits = load_digits()
+    x = np.resize(digits.images.astype(np.float32), (8000, 8, 8))
+    y = np.resize(digits.target, 8000)
+    data = tmp_path / "digits8000.npz"
+    np.savez(data, x_train=x[:6000], y_train=y[:6000], x_test=x[6000:], y_test=y[6000:])
+    cfg = build_config(tiny_overrides(method="pfedkdh", dataset=str(data), partition="iid", num_clients=2000,
+                                      fraction_fit=0.01, eval_clients=20, rounds=2, aux_size=100,
+                                      min_samples_per_client=1, client_state_spill=True,
+                                      client_state_dir=str(tmp_path / "state"), out_dir=str(tmp_path / "run")))
+    run_simulation(cfg)
+    rounds = read_metrics(tmp_path / "run")
+    roster = strategy_class_for(cfg)(cfg, get_federation(cfg)).roster
+    assert [r["round"] for r in rounds] == [1, 2]
+    for r in rounds:
+        assert len(r["fit_clients"]) == 20 and r["failed_clients"] == 0 and r["rejected_updates"] == 0
+        assert r["evaluated_clients"] == 20
+        assert {int(k) for k in r["per_client_acc"]} == roster.evaluation_sample(r["round"])
+    assert read_summary(tmp_path / "run")["evaluation_sample"] == 20
+    trained = {p for r in rounds for p in r["fit_clients"]}
+    took_part = trained | {int(k) for r in rounds for k in r["per_client_acc"]}
+    on_disk = {int(d.name.split("-")[1]) for d in (tmp_path / "state").glob("partition-*")}
+    assert trained <= on_disk <= took_part

@@ -105,10 +105,13 @@ class ResumableServer(Server):
             self.run_phase(current_round, timeout)
             res_fit = self.fit_round(server_round=current_round, timeout=timeout)
             if res_fit is not None:
-                parameters_prime, fit_metrics, _ = res_fit
+                parameters_prime, fit_metrics = res_fit[0], res_fit[1]
                 if parameters_prime:
                     self.parameters = parameters_prime
                 history.add_metrics_distributed_fit(server_round=current_round, metrics=fit_metrics)
+            # Unlike Server.fit, let go of the round's replies (a model per sampled client) now, not when the
+            # next round's replies replace them: the driver holds one round of replies, not two (issue 31).
+            res_fit = None
             res_cen = self.strategy.evaluate(current_round, parameters=self.parameters)
             if res_cen is not None:
                 history.add_loss_centralized(server_round=current_round, loss=res_cen[0])

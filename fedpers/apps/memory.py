@@ -5,10 +5,13 @@
 * Ray's own processes (GCS, raylet, dashboard and runtime-env agents, idle workers): a constant;
 * the driver: a Python process with torch, Flower and Ray imported, the dataset (float32 NCHW, plus the
   concatenated copy of a ``joined`` index space), the server's copies of the global test split and of Ds,
-  and every client's persistent state held in ``context.state`` (none with ``client_state_spill``);
+  one round's replies (the upload of every sampled client, encoded as it arrives and decoded for
+  aggregation), a per-client index (Flower's node record and context, the server's node -> partition map:
+  ``INDEX_PER_CLIENT`` bytes each, no model), and every client's persistent state held in ``context.state``
+  (none with ``client_state_spill``: then nothing but the index grows with the number of clients);
 * every client actor (``floor(CPUs / client_cpus)``, at most one per client): the same process base, the
-  dataset, and the client splits it has served, copied to its device: over a run, any client's (upper
-  bound: all of them). With CUDA those copies and the models live on the GPU.
+  dataset, and the splits of the last ``CLIENTS_KEPT`` clients it served (the largest ones, as an upper
+  bound), copied to its device. With CUDA those copies and the models live on the GPU.
 
 The constants were measured on this project's machine (2 cores, CPU torch wheel with CUDA libraries, flwr
 1.42, Ray 2.x): peak PSS of a digits run (no data to speak of): driver 613 MB, each actor 665 MB, Ray's
@@ -22,7 +25,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fedpers.core.federation import CLIENTS_KEPT
+from fedpers.core.models import parameter_count
+
 MB = 2**20
+INDEX_PER_CLIENT = 20 * 2**10  # ours: a round figure above the measured growth (benchmarks/results/scale.md)
 RAY_PROCESSES = 340 * MB
 DRIVER_BASE = 615 * MB
 ACTOR_BASE = 665 * MB
@@ -39,18 +46,21 @@ class MemoryEstimate:
     parts: dict[str, int] = field(default_factory=dict)
 
     def line(self) -> str:
-        """One line for the user."""
+        """One line for the user: the total, and what in it grows with the number of clients."""
         gpu = f", GPU {self.gpu / 2**30:.1f} GiB" if self.gpu else ""
-        return (f"memory estimate: host {self.host / 2**30:.1f} GiB{gpu} (driver + {self.actors} client "
-                f"actors + Ray)")
+        driver = self.parts["driver"] + self.parts["client index (driver)"] + self.parts["client state (driver)"]
+        state = self.parts["client state (driver)"]
+        grows = (f"client state {state / 2**30:.1f} GiB" if state else "client state on disk") + \
+            f", index {self.parts['client index (driver)'] / MB:.0f} MiB"
+        return (f"memory estimate: host {self.host / 2**30:.1f} GiB{gpu} (driver {driver / 2**30:.1f} GiB, of "
+                f"which grows with the clients: {grows}; {self.actors} client actors "
+                f"{self.parts['per actor'] / 2**30:.1f} GiB each; Ray)")
 
 
 def state_bytes_per_client(client_cls: type, model) -> int:
     """Persistent state one client keeps between rounds: its ``persistent_part`` plus the
     ``state_model_copies`` whole-model copies its method declares (EMA teachers, personal models, control
     variates)."""
-    from fedpers.core.models import parameter_count
-
     part = getattr(client_cls, "persistent_part", None)
     own = parameter_count(model, part) if part else 0
     return FLOAT * int(own + float(getattr(client_cls, "state_model_copies", 0.0)) * parameter_count(model, "all"))
@@ -63,23 +73,30 @@ def estimate(cfg, federation, client_cls: type, model, *, cpus: int | None = Non
     host_copy = dataset if federation.partition.index_space == "joined" else 0
     p = federation.partition
     per_sample = data.x_train[:1].nbytes + 8
-    clients_data = per_sample * sum(len(t) + len(e) for t, e in zip(p.train, p.test))
+    val = p.val or [()] * len(p.train)
+    sizes = sorted((len(t) + len(e) + len(v) for t, e, v in zip(p.train, p.test, val)), reverse=True)
+    clients_data = per_sample * sum(sizes[:CLIENTS_KEPT])
     global_test = len(data.y_test) if p.index_space == "split" else sum(len(e) for e in p.test)
     server_data = per_sample * (global_test + len(p.aux))
     model_bytes = FLOAT * sum(v.numel() for v in model.state_dict().values())
     cpus = cpus or os.cpu_count() or 1
     actors = max(1, min(federation.num_clients, int(cpus // max(cfg.client_cpus, 1e-9))))
     state = 0 if cfg.client_state_spill else federation.num_clients * state_bytes_per_client(client_cls, model)
+    sampled = max(1, int(round(cfg.fraction_fit * federation.num_clients)))
+    upload = FLOAT * parameter_count(model, client_cls.contract.upload_part) * len(client_cls.contract.upload)
     on_gpu = cfg.device != "cpu" and _cuda()
     # per actor: the model, a teacher or personal copy, the optimizer and gradients: about 4 model sizes
     actor_device = clients_data + 4 * model_bytes
     parts = {
         "ray processes": RAY_PROCESSES,
-        "driver": DRIVER_BASE + dataset + host_copy + (0 if on_gpu else server_data) + 2 * model_bytes,
+        "driver": DRIVER_BASE + dataset + host_copy + (0 if on_gpu else server_data) + 2 * model_bytes
+        + 2 * sampled * upload,
+        "client index (driver)": INDEX_PER_CLIENT * federation.num_clients,
         "client state (driver)": state,
         "per actor": ACTOR_BASE + dataset + host_copy + (0 if on_gpu else actor_device),
     }
-    host = parts["ray processes"] + parts["driver"] + state + actors * parts["per actor"]
+    host = (parts["ray processes"] + parts["driver"] + parts["client index (driver)"] + state
+            + actors * parts["per actor"])
     gpu = actors * actor_device + server_data + 2 * model_bytes if on_gpu else 0
     return MemoryEstimate(int(host), int(gpu), actors, {k: int(v) for k, v in parts.items()})
 

@@ -17,6 +17,7 @@ import functools
 import hashlib
 import json
 import os
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,9 @@ from fedpers.core.partition import Partition, hold_out_validation, load_partitio
 from fedpers.core.schema import Config
 from fedpers.core.seeds import VALIDATION_SPLIT, derived_seed
 
+# Client splits an actor keeps (Federation.client): more than the clients of any one round of the papers' settings,
+# so a 20-client study never rebuilds one; a 10,000-client run's actors stay at the size of these.
+CLIENTS_KEPT = 64
 # Config keys that determine the data and the split (nothing else may change them).
 DATA_KEYS = ("dataset", "data_dir", "partition", "partition_file", "alpha", "classes_per_client",
              "min_samples_per_client", "num_clients", "aux_size", "seed", "flwr_partitioner",
@@ -62,7 +66,8 @@ class Federation:
         self.dataset = dataset
         self.partition = partition
         self._host: tuple[torch.Tensor, ...] | None = None
-        self._on_device: dict[tuple, Split] = {}
+        self._on_device: dict[tuple, Split] = {}  # the server's splits: Ds, the global test set
+        self._clients: OrderedDict[tuple, ClientData] = OrderedDict()  # (partition id, device), least recent first
 
     @property
     def num_clients(self) -> int:
@@ -96,19 +101,26 @@ class Federation:
         """The samples ``idx`` of (x, y) on ``device``, built once per key. Only these samples are copied
         to the device: a Ray actor holds on its GPU the data of the clients it serves, not the dataset."""
         if key not in self._on_device:
-            rows = torch.as_tensor(np.asarray(idx, dtype=np.int64))
-            self._on_device[key] = Split(x[rows].to(device), y[rows].to(device))
+            self._on_device[key] = _take(x, y, idx, device)
         return self._on_device[key]
 
     def client(self, partition_id: int, device: torch.device) -> ClientData:
-        """Client ``partition_id``'s train/test tensors on ``device`` (built once, then reused)."""
+        """Client ``partition_id``'s train/test tensors on ``device``, kept for the ``CLIENTS_KEPT`` clients
+        served last: an actor of a 10,000-client run serves thousands of clients, and keeping every one would
+        grow its memory to a second copy of the dataset (issue 31)."""
+        key = (partition_id, str(device))
+        if key in self._clients:
+            self._clients.move_to_end(key)
+            return self._clients[key]
         xtr, ytr, xte, yte = self._host_tensors()
         val = self.partition.val
-        return ClientData(
-            self._split(("train", partition_id, str(device)), xtr, ytr, self.partition.train[partition_id], device),
-            self._split(("test", partition_id, str(device)), xte, yte, self.partition.test[partition_id], device),
-            None if val is None else
-            self._split(("val", partition_id, str(device)), xtr, ytr, val[partition_id], device))
+        data = ClientData(_take(xtr, ytr, self.partition.train[partition_id], device),
+                          _take(xte, yte, self.partition.test[partition_id], device),
+                          None if val is None else _take(xtr, ytr, val[partition_id], device))
+        self._clients[key] = data
+        while len(self._clients) > CLIENTS_KEPT:
+            self._clients.popitem(last=False)
+        return data
 
     def aux(self, device: torch.device) -> Split:
         """The server's labelled auxiliary set Ds."""
@@ -167,6 +179,12 @@ class Federation:
         from fedpers.core.domains import client_domains
 
         return client_domains(self.dataset, self.partition)
+
+
+def _take(x: torch.Tensor, y: torch.Tensor, idx: np.ndarray, device: torch.device) -> Split:
+    """Samples ``idx`` of (x, y), copied to ``device``."""
+    rows = torch.as_tensor(np.asarray(idx, dtype=np.int64))
+    return Split(x[rows].to(device), y[rows].to(device))
 
 
 @functools.lru_cache(maxsize=4)

@@ -3,8 +3,8 @@ the split of a Flower baseline (optional extra: ``pip install 'fedpers[flwr]'``)
 
 The partitioner (``flwr_partitioner``, a class name of ``flwr_datasets.partitioner``, with keyword
 arguments ``flwr_partitioner_args``, a YAML/JSON mapping such as ``{alpha: 0.3, min_partition_size: 10}``)
-is applied, with ``num_partitions = num_clients``, ``partition_by = "label"`` and ``seed = seed`` unless
-the arguments name them, to the labels of all samples (train then test split, the ``joined`` index space)
+is applied, with ``num_partitions = num_clients``, ``partition_by = "label"`` and ``seed = seed`` (where the class takes
+them) unless the arguments name them, to the labels of all samples (train then test split, the ``joined`` index space)
 less the server's auxiliary set Ds (drawn from the train split first, as for the other schemes). Each
 client's partition is then split at random (seeded) into train and test, ``flwr_test_fraction`` of it
 (default 0.25, PFLlib's 75/25) to test, as Flower baselines do with
@@ -13,6 +13,7 @@ client's partition is then split at random (seeded) into train and test, ``flwr_
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import numpy as np
@@ -54,7 +55,10 @@ def flwr_partition(y_joined: np.ndarray, n_train: int, *, num_clients: int, part
     rng = np.random.default_rng(seed)
     aux = np.sort(rng.choice(n_train, size=aux_size, replace=False)).astype(np.int64)
     pool = np.setdiff1d(np.arange(len(y_joined)), aux)
-    kwargs = {"num_partitions": num_clients, "partition_by": "label", "seed": seed,
+    # partition_by and seed only where the class takes them: IidPartitioner, e.g., takes neither
+    accepted = inspect.signature(cls).parameters
+    defaults = {"num_partitions": num_clients, "partition_by": "label", "seed": seed}
+    kwargs = {**{k: v for k, v in defaults.items() if k == "num_partitions" or k in accepted},
               **partitioner_kwargs(arguments)}
     try:
         split = cls(**kwargs)

@@ -5,7 +5,9 @@ How a split is made (deterministic in ``seed``):
 1. The server's auxiliary set Ds (``aux_size`` samples) is drawn uniformly from the training split
    first; it is disjoint from every client's data and from all test data.
 2. A class-to-client proportion matrix ``P`` (C x K, rows sum to 1) is drawn: ``P[c] ~ Dir(alpha)``
-   (Dirichlet), equal shares among the clients that hold class ``c`` (pathological), or ``1/K`` (IID).
+   (Dirichlet) or equal shares among the clients that hold class ``c`` (pathological). IID deals each
+   class's samples to the clients in turn instead (:func:`deal_evenly`): shares of 1/K rounded class by
+   class would leave clients empty once K nears a class's size.
 3. For every class, the remaining training samples and the test samples of that class are both cut by
    the same row ``P[c]``. Each client's test split therefore has the same label distribution as its
    train split (up to rounding), and the union of client test splits is the whole test set.
@@ -84,6 +86,20 @@ def split_by_proportions(labels: np.ndarray, indices: np.ndarray, proportions: n
     return [np.sort(np.concatenate(p)).astype(np.int64) if p else np.zeros(0, np.int64) for p in parts]
 
 
+def deal_evenly(labels: np.ndarray, indices: np.ndarray, num_clients: int,
+                rng: np.random.Generator) -> list[np.ndarray]:
+    """IID: ``indices`` shuffled within each class, the classes laid end to end and dealt to the clients in
+    turn (in a seeded order of the clients): each client gets floor or ceil of n_c / K samples of every class
+    c and floor or ceil of n / K in all, so even 10,000 clients of MNIST's 10,000 test images get one each."""
+    order = np.concatenate([indices[labels[indices] == c][rng.permutation(int((labels[indices] == c).sum()))]
+                            for c in np.unique(labels[indices])]) if len(indices) else indices
+    owner = rng.permutation(num_clients)  # owner[j] receives positions j, j + K, j + 2K, ...
+    parts: list[np.ndarray] = [np.zeros(0, np.int64)] * num_clients
+    for j in range(num_clients):
+        parts[owner[j]] = np.sort(order[j::num_clients]).astype(np.int64)
+    return parts
+
+
 def make_partition(y_train: np.ndarray, y_test: np.ndarray, *, num_clients: int, scheme: str,
                    alpha: float = 0.5, classes_per_client: int = 2, aux_size: int = 0, seed: int = 0,
                    min_samples_per_client: int = 1, num_classes: int | None = None) -> Partition:
@@ -104,8 +120,10 @@ def make_partition(y_train: np.ndarray, y_test: np.ndarray, *, num_clients: int,
     test_pool = np.arange(len(y_test))
 
     if scheme == "iid":
-        proportions = np.full((num_classes, num_clients), 1.0 / num_clients)
-    elif scheme == "pathological":
+        train = deal_evenly(y_train, pool, num_clients, rng)
+        test = deal_evenly(y_test, test_pool, num_clients, rng)
+        return Partition(tuple(train), tuple(test), aux)
+    if scheme == "pathological":
         proportions = pathological_proportions(num_classes, num_clients, classes_per_client, rng)
     elif scheme == "dirichlet":
         if alpha <= 0:
