@@ -34,6 +34,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from proctree import run_sampled  # noqa: E402
+from report_files import write_report  # noqa: E402
 
 RUNS = ["100:1.0:disk", "100:0.1:disk", "1000:0.1:disk", "1000:0.01:disk", "10000:0.01:disk",
         "10000:0.01:memory", "1000:0.1:memory", "10000:0.1:disk"]
@@ -132,10 +133,7 @@ def main() -> None:
     if args.note:
         lines += [args.note, ""]
     text = "\n".join(lines + table(rows)) + "\n"
-    (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / "scale.md").write_text(text)
-    (HERE / "results" / "scale.json").write_text(json.dumps(rows, indent=2) + "\n")
-    print(text)
+    write_report("scale", text, rows)
 
 
 if __name__ == "__main__":

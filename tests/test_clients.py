@@ -50,6 +50,24 @@ def test_missing_partition_id_is_a_clear_error(cfg):
         PFedKDHClient(cfg, ctx)
 
 
+def test_a_properties_query_answers_the_partition_without_building_the_client(cfg):
+    """The server asks every node its partition id once (10,000 messages at 10,000 clients): the answer
+    comes from the node config, with no model or data built; a node that does not fit still says so."""
+    from flwr.common import GetPropertiesIns
+
+    from clients.base import message_client
+    from fedpers.core.errors import NodeMismatchError
+
+    class Unbuildable(PFedKDHClient):
+        def __init__(self, *args, **kwargs):
+            raise AssertionError("the client was built for a properties query")
+
+    res = message_client(Unbuildable, cfg, make_context(2, cfg.num_clients)).get_properties(GetPropertiesIns({}))
+    assert res.properties == {"partition_id": 2}
+    with pytest.raises(NodeMismatchError, match="num-partitions=4"):
+        message_client(Unbuildable, cfg, make_context(2, 4)).get_properties(GetPropertiesIns({}))
+
+
 def test_fedavg_per_client_accuracy_from_the_global_evaluation_equals_each_clients_own():
     """FedAvg's personalized model is the global one: the server reads every client's accuracy off its one
     evaluation of the union test set, and it equals what each client's evaluate reports."""
