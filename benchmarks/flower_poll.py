@@ -9,7 +9,7 @@ driver, next to the ServerApp, whatever the number of clients sampled per round.
 
     python benchmarks/flower_poll.py
 
-Writes benchmarks/results/flower_poll.md and .json.
+Writes benchmarks/results/scale/flower_poll.md and .json.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def main() -> None:
              "| nodes | one sweep ms | share of one core (a sweep every 0.1 s) |", "|---|---|---|"]
     lines += [f"| {r['nodes']} | {r['sweep_seconds'] * 1e3:.1f} | {r['share_of_one_core']:.0%} |" for r in rows]
     text = "\n".join(lines) + "\n"
-    write_report("flower_poll", text, rows)
+    write_report("scale/flower_poll", text, rows)
 
 
 if __name__ == "__main__":

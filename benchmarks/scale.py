@@ -19,7 +19,7 @@ reference for 10,000 at 1 % (100 sampled clients each), and 10,000 at 10 % is ru
 
     python benchmarks/scale.py --data ../shared/data/mnist.npz
 
-Writes benchmarks/results/scale.md and .json.
+Writes benchmarks/results/scale/table.md and .json (the table before issue 31: benchmarks/results/scale.md).
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def main() -> None:
     if args.note:
         lines += [args.note, ""]
     text = "\n".join(lines + table(rows)) + "\n"
-    write_report("scale", text, rows)
+    write_report("scale/table", text, rows)
 
 
 if __name__ == "__main__":
