@@ -46,7 +46,9 @@ def write_app_dir(cfg: Config, directory: Path) -> Path:
         "tool": {"flwr": {"app": {
             "publisher": "fedpers",
             "components": {"serverapp": "fedpers.apps.server_app:server_app", "clientapp": CLIENT_APP_ATTR},
-            "config": cfg.to_dict(),
+            # only the keys that differ from the defaults (the clients fill those in): the simulation keeps
+            # a context per node, each with its own copy of the run-config (~13 KB for all keys; issue 31)
+            "config": cfg.changed(),
         }}},
     }
     directory.mkdir(parents=True, exist_ok=True)
@@ -130,7 +132,7 @@ def _run_in_engine(cfg: Config, verbose: bool) -> None:
     start_ray(backend)
     with tempfile.TemporaryDirectory(prefix="fedpers-app-") as tmp:
         app_dir = write_app_dir(cfg, Path(tmp))
-        context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config=cfg.to_dict())
+        context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config=cfg.changed())
         run_simulation_engine(num_supernodes=cfg.num_clients, client_app_attr=CLIENT_APP_ATTR, server_app=server_app,
                               backend_config=backend, server_app_context=context, app_dir=str(app_dir),
                               verbose=verbose)

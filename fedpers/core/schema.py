@@ -393,6 +393,13 @@ class Config(Mapping[str, Value]):
         """Plain dict of every key (JSON/TOML/Flower run-config compatible)."""
         return dict(self._values)
 
+    def changed(self) -> dict[str, Value]:
+        """The keys whose values differ from the schema's defaults: the same Config once the defaults are
+        filled in again (what a simulated run's Flower run-config carries, since Flower keeps a copy of it
+        per node)."""
+        default = self.defaults()
+        return {k: v for k, v in self._values.items() if k not in default or v != default[k]}
+
 
 class _ConfigLoader(yaml.SafeLoader):
     """PyYAML's safe loader with YAML 1.2 booleans: only true/false are booleans, so that choices such as

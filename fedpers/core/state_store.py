@@ -52,9 +52,7 @@ def state_dir_of(node_config: Mapping[str, Any], client_state_dir: str) -> str:
 def config_fingerprint(config: Config) -> str:
     """Short hash of the experiment-defining part of a config: the keys that differ from the defaults of
     its schema, less the run mechanics (so keys added to the schema later, with defaults, change nothing)."""
-    default = config.defaults()
-    items = {k: config[k] for k in sorted(config)
-             if k not in MECHANICS_KEYS and (k not in default or config[k] != default[k])}
+    items = {k: v for k, v in sorted(config.changed().items()) if k not in MECHANICS_KEYS}
     return hashlib.sha256(json.dumps(items, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
