@@ -3,8 +3,9 @@
 Flower 1.42's simulation (``flwr.server.superlink.fleet.vce.vce_api.add_messages_to_queue``) looks for
 messages every 0.1 s by asking its in-memory LinkState once per registered node (``get_message_ins``), and
 each of those calls scans every stored message. This script times one such sweep over 100, 1,000 and
-10,000 registered nodes with no message waiting, the least it can cost, using the same Flower functions
-the engine calls (internal ones: this measures Flower, it is not how fedpers runs). The sweep runs in the
+10,000 registered nodes with no message waiting, the least it can cost, with the same Flower functions
+the engine calls (``fedpers.apps.flower_internals.simulation_poll_sweep_seconds``: internal ones, kept in
+the one module that may name them). The sweep runs in the
 driver, next to the ServerApp, whatever the number of clients sampled per round.
 
     python benchmarks/flower_poll.py
@@ -14,36 +15,19 @@ Writes benchmarks/results/scale/flower_poll.md and .json.
 
 from __future__ import annotations
 
-import importlib
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report_files import write_report  # noqa: E402
 
+from fedpers.apps.flower_internals import simulation_poll_sweep_seconds  # noqa: E402
+
 POLL_INTERVAL = 0.1  # seconds between two sweeps in vce_api.add_messages_to_queue (Flower 1.42)
 
 
-def sweep_seconds(nodes: int, repeats: int = 3) -> float:
-    """Seconds of one ``get_message_ins`` sweep over ``nodes`` registered nodes, the mean of ``repeats``."""
-    simulation = importlib.import_module("flwr.simulation.run_simulation")
-    from flwr.server.superlink.fleet.vce.vce_api import _register_nodes
-    from flwr.server.superlink.linkstate import LinkStateFactory
-
-    factory = LinkStateFactory(simulation.FLWR_IN_MEMORY_DB_NAME, simulation.NoOpFederationManager(),
-                               simulation.ObjectStoreFactory())
-    mapping = _register_nodes(nodes, factory)
-    state = factory.state()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        for node_id in mapping:
-            state.get_message_ins(node_id=node_id, limit=1)
-    return (time.perf_counter() - start) / repeats
-
-
 def main() -> None:
-    rows = [{"nodes": n, "sweep_seconds": sweep_seconds(n)} for n in (100, 1000, 10000)]
+    rows = [{"nodes": n, "sweep_seconds": simulation_poll_sweep_seconds(n)} for n in (100, 1000, 10000)]
     for r in rows:
         r["share_of_one_core"] = r["sweep_seconds"] / (r["sweep_seconds"] + POLL_INTERVAL)
     lines = ["# Flower's simulation message poll, by registered nodes", "",

@@ -138,3 +138,25 @@ class ResumableServer(Server):
         parameters = self.strategy.aggregate_phase(name, server_round, results, failures)
         if parameters is not None:
             self.parameters = parameters
+
+
+def simulation_poll_sweep_seconds(nodes: int, repeats: int = 3) -> float:
+    """Seconds of one sweep of Flower 1.42's simulation message poll (``vce_api.add_messages_to_queue``:
+    ``get_message_ins`` once per registered node) over ``nodes`` nodes with no message waiting, the mean of
+    ``repeats``; used by ``benchmarks/flower_poll.py`` to say where a many-client round's driver time goes."""
+    import importlib
+    import time
+
+    from flwr.server.superlink.fleet.vce.vce_api import _register_nodes
+    from flwr.server.superlink.linkstate import LinkStateFactory
+
+    simulation = importlib.import_module("flwr.simulation.run_simulation")  # the module, not its function
+    factory = LinkStateFactory(simulation.FLWR_IN_MEMORY_DB_NAME, simulation.NoOpFederationManager(),
+                               simulation.ObjectStoreFactory())
+    mapping = _register_nodes(nodes, factory)
+    state = factory.state()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        for node_id in mapping:
+            state.get_message_ins(node_id=node_id, limit=1)
+    return (time.perf_counter() - start) / repeats
