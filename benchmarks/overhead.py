@@ -35,6 +35,7 @@ from fedpers.core import seeds
 from fedpers.algorithms.pfedkdh import pfedkdh_objective, recalibrate_head
 from fedpers.registry.config import build_config
 from fedpers.core.federation import get_federation
+from fedpers.core.schema import clients_per_round
 from fedpers.core.models import backbone_parameters, build_model, get_arrays, set_arrays
 from fedpers.core.results import read_metrics
 from fedpers.apps.simulation import run_simulation
@@ -67,7 +68,7 @@ def bare_run(cfg) -> dict:
     round_seconds, final = [], {}
     for rnd in range(1, cfg.rounds + 1):
         start = time.perf_counter()
-        m = max(1, int(round(cfg.fraction_fit * k)))
+        m = clients_per_round(cfg.fraction_fit, k)
         chosen = sorted(int(p) for p in np.random.default_rng([cfg.seed, rnd]).choice(k, size=m, replace=False))
         broadcast = get_arrays(server, "all")
         updates = []

@@ -32,6 +32,7 @@ import torch
 
 from fedpers.registry.config import build_config
 from fedpers.core.federation import get_federation
+from fedpers.core.schema import clients_per_round
 from fedpers.registry.methods import client_class_for, strategy_class_for
 from fedpers.core.results import read_metrics
 from fedpers.apps.simulation import run_simulation
@@ -82,7 +83,7 @@ def replay_round(cfg, server_round: int = 2) -> dict[str, float]:
     config = (strategy.message_config(server_round) if hasattr(strategy, "message_config")
               else {"server_round": server_round})
     k = fed.num_clients
-    m = max(1, int(round(cfg.fraction_fit * k)))
+    m = clients_per_round(cfg.fraction_fit, k)
     chosen = sorted(int(p) for p in np.random.default_rng([cfg.seed, server_round]).choice(k, size=m, replace=False))
     client_cls = client_class_for(cfg)
     contexts = {pid: _context(cfg, pid) for pid in range(k)}

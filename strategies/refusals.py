@@ -26,6 +26,7 @@ from typing import Any
 from flwr.common import log
 
 from fedpers.core.errors import FedpersError, NodeMismatchError, cut
+from fedpers.core.schema import clients_per_round
 
 # Flower's error reply: "<class 'fedpers.core.errors.NodeMismatchError'>:<'MESSAGE'>"
 _REASON = re.compile(r"<class '[\w.]*\b" + NodeMismatchError.__name__ + r"'>:<'(.*?)'>", re.S)
@@ -56,7 +57,7 @@ def note_refusal(round_state: dict[str, Any], server_round: int, node: str, exc:
 def required_fitting_nodes(num_clients: int, fraction_fit: float, min_fit_updates: int) -> int:
     """How many nodes must fit the run: the clients sampled per round (``round(fraction_fit * K)``, at
     least 1), or ``min_fit_updates`` if that is more."""
-    return max(int(min_fit_updates), max(1, int(round(fraction_fit * num_clients))))
+    return max(int(min_fit_updates), clients_per_round(fraction_fit, num_clients))
 
 
 def require_fitting_nodes(round_state: dict[str, Any], server_round: int, fitting: int, num_clients: int,
@@ -72,6 +73,6 @@ def require_fitting_nodes(round_state: dict[str, Any], server_round: int, fittin
     raise FedpersError(cut(
         f"round {server_round}: {fitting} of num_clients={num_clients} clients have a SuperNode that fits the "
         f"run, fewer than the {needed} it needs (max of min_fit_updates={min_fit_updates} and the "
-        f"{max(1, int(round(fraction_fit * num_clients)))} sampled per round); {len(refused)} node(s) refused: "
+        f"{clients_per_round(fraction_fit, num_clients)} sampled per round); {len(refused)} node(s) refused: "
         f"{'; '.join(reasons)} (start each SuperNode with --node-config \"partition-id=N "
         f"num-partitions={num_clients}\")", 600))

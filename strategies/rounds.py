@@ -28,7 +28,7 @@ from fedpers.core.errors import FedpersError
 from fedpers.core.federation import Federation
 from fedpers.core.progress import format_round_line
 from fedpers.core.results import ACCURACY_PREFIXES, VALIDATION_PREFIX, ResultsWriter, accuracy_summary
-from fedpers.core.schema import Config
+from fedpers.core.schema import Config, clients_per_round
 from fedpers.core.seeds import EVALUATION_SAMPLE, derived_seed
 from fedpers.core.wire import carried_evaluation_of
 from strategies.refusals import note_refusal
@@ -109,7 +109,7 @@ class ClientRoster:
         """The partition ids that train in ``server_round``: ``round(fraction_fit * K)`` drawn with an RNG
         seeded by (seed, round), less those not connected."""
         k = self.federation.num_clients
-        m = max(1, int(round(self.cfg.fraction_fit * k)))
+        m = clients_per_round(self.cfg.fraction_fit, k)
         rng = np.random.default_rng([self.cfg.seed, server_round])
         return [int(p) for p in sorted(rng.choice(k, size=m, replace=False)) if int(p) in proxies]
 

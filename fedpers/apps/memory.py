@@ -25,8 +25,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fedpers.apps.processes import descendants
 from fedpers.core.federation import CLIENTS_KEPT
 from fedpers.core.models import parameter_count
+from fedpers.core.schema import clients_per_round
 
 MB = 2**20
 INDEX_PER_CLIENT = 20 * 2**10  # ours: a round figure above the measured growth (benchmarks/results/scale.md)
@@ -82,7 +84,7 @@ def estimate(cfg, federation, client_cls: type, model, *, cpus: int | None = Non
     cpus = cpus or os.cpu_count() or 1
     actors = max(1, min(federation.num_clients, int(cpus // max(cfg.client_cpus, 1e-9))))
     state = 0 if cfg.client_state_spill else federation.num_clients * state_bytes_per_client(client_cls, model)
-    sampled = max(1, int(round(cfg.fraction_fit * federation.num_clients)))
+    sampled = clients_per_round(cfg.fraction_fit, federation.num_clients)
     upload = FLOAT * parameter_count(model, client_cls.contract.upload_part) * len(client_cls.contract.upload)
     on_gpu = cfg.device != "cpu" and _cuda()
     # per actor: the model, a teacher or personal copy, the optimizer and gradients: about 4 model sizes
@@ -119,27 +121,9 @@ def _cuda() -> bool:
 
 
 # --- measuring a process tree ---------------------------------------------------------------------------------
-def _children() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        kids.setdefault(ppid, []).append(int(entry.name))
-    return kids
-
-
 def process_tree(root: int) -> list[int]:
-    """``root`` and all its descendants that are alive now."""
-    kids, out, todo = _children(), [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(kids.get(pid, []))
-    return out
+    """``root`` and all its live descendants (:func:`fedpers.apps.processes.descendants`)."""
+    return [root, *descendants(root)]
 
 
 def rss_pss(pid: int) -> tuple[int, int]:

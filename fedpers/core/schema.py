@@ -521,3 +521,8 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         if isinstance(value, (list, dict)):
             raise ConfigError(f"config key {shown(str(name))} in {p}: expected a scalar, got {type(value).__name__}")
     return data
+
+
+def clients_per_round(fraction_fit: float, num_clients: int) -> int:
+    """The clients sampled for fit in a round: ``round(fraction_fit * K)``, at least one (the paper's rho K)."""
+    return max(1, int(round(fraction_fit * num_clients)))
