@@ -42,7 +42,7 @@ from flwr.server import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from fedpers.core.errors import FedpersError
+from fedpers.core.errors import FedpersError, refuse_if_stopping
 from fedpers.core.federation import Federation
 from fedpers.core.models import array_shapes, build_model, get_arrays, set_arrays
 from fedpers.core.results import ResultsWriter
@@ -248,6 +248,7 @@ class FedPersStrategy(ContractSide, Strategy):
                       failures: list[Any]) -> tuple[Parameters | None, dict[str, Scalar]]:
         """Validate every update, drop the bad ones (logged), and aggregate the rest; first, the record of a
         pending previous round with the evaluations these replies carry."""
+        refuse_if_stopping(server_round, "fit")
         results = self.roster.in_partition_order(results)
         if self.book.pending is not None:
             self.book.complete_pending(results, self.finish_round)
@@ -350,6 +351,7 @@ class FedPersStrategy(ContractSide, Strategy):
                            failures: list[Any]) -> tuple[float | None, dict[str, Scalar]]:
         """Personalized macro accuracy: the mean over clients of each client's own test accuracy (the
         round's record waits for the evaluations carried by the next round's fit replies, if any)."""
+        refuse_if_stopping(server_round, "evaluation")
         results = self.roster.in_partition_order(results)
         evaluations = [(float(res.loss), int(res.num_examples), dict(res.metrics)) for _, res in results]
         self.book.current.setdefault("evaluations", []).extend(evaluations)

@@ -685,3 +685,52 @@ def test_a_full_disk_while_drawing_the_curves_keeps_the_numbers_and_says_so(tmp_
     assert not (tmp_path / "curves.png").exists()
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "could not write" in err[0] and "No space left on device" in err[0]
+
+
+@pytest.mark.parametrize("stage", ["fit", "evaluation"])
+def test_replies_that_come_after_a_stop_are_neither_recorded_nor_checkpointed(stage, tmp_path, monkeypatch):
+    """The stop (SIGINT / SIGTERM sets STOP_REQUESTED) comes while round 2's messages are out: the engine
+    ends its client actors, so the round's replies are failures that no uninterrupted run has (CI saw round
+    2 recorded as the mean of 2 of 3 clients). Those replies are refused, not aggregated: the records and
+    the checkpoint stay at round 1, and the resumed run writes exactly the records of a run never stopped.
+    Deterministic, in one process: the stop is set where the signal would come."""
+    from fedpers.apps.inprocess import run_in_process
+    from fedpers.core.checkpoint import load_checkpoint
+    from fedpers.core.errors import STOP_REQUESTED, Stopping
+    from fedpers.core.results import read_metrics
+    from fedpers.registry.config import build_config
+    from fedpers.registry.methods import strategy_class_for
+    from tests.conftest import tiny_overrides
+
+    def cfg(name: str):
+        # evaluation messages of their own: with evaluations carried by the next fit, only fit replies come
+        return build_config(tiny_overrides(method="fedper", rounds=3, out_dir=str(tmp_path / name / "out"),
+                                           checkpoint_dir=str(tmp_path / name / "ckpt"),
+                                           client_state_dir=str(tmp_path / name / "state"),
+                                           evaluate_with_next_fit=False))
+
+    run_in_process(cfg("whole"))
+    stopped = cfg("stopped")
+    strategy_class = strategy_class_for(stopped)
+    configure = getattr(strategy_class, f"configure_{'fit' if stage == 'fit' else 'evaluate'}")
+
+    def configure_then_stop(self, server_round, *args, **kwargs):
+        out = configure(self, server_round, *args, **kwargs)
+        if server_round == 2:
+            STOP_REQUESTED.set()  # the signal, while round 2's messages are out
+        return out
+
+    monkeypatch.setattr(strategy_class, configure.__name__, configure_then_stop)
+    try:
+        with pytest.raises(Stopping, match=f"round 2: the run is stopping; its {stage} replies"):
+            run_in_process(stopped)
+    finally:
+        STOP_REQUESTED.clear()
+    monkeypatch.undo()
+    assert [r["round"] for r in read_metrics(stopped.out_dir)] == [1]
+    assert load_checkpoint(stopped.checkpoint_dir)["round"] == 1
+    run_in_process(stopped.replace(resume=True))
+    whole, resumed = read_metrics(cfg("whole").out_dir), read_metrics(stopped.out_dir)
+    assert [r["round"] for r in resumed] == [1, 2, 3]
+    assert [(r["personalized_macro_acc"], r["per_client_acc"]) for r in resumed] == \
+        [(r["personalized_macro_acc"], r["per_client_acc"]) for r in whole]

@@ -27,7 +27,7 @@ import time
 import yaml
 
 from fedpers.registry.config import Config, full_schema, load_config
-from fedpers.core.errors import EngineError, FedpersError, Interrupted, cut
+from fedpers.core.errors import STOP_REQUESTED, EngineError, FedpersError, Interrupted, cut
 from fedpers.apps.processes import kill_own_tree, own_tree  # no import inside the signal handler
 
 
@@ -357,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     _forward_signals_to_main_thread()
     global _ray_before_command
     _ray_before_command = "ray" in sys.modules
+    STOP_REQUESTED.clear()  # a process that calls main() again (a test suite) starts each command unstopped
     try:
         return handler(args)
     except FedpersError as exc:
@@ -408,6 +409,7 @@ def _interrupt(signum, frame) -> None:
     gets the terminal's Ctrl-C and then the sweep's) changes nothing: the first one's deadline and exit code
     stand; in a deployment it cuts the graceful stop of its processes short, as before."""
     global _interrupted, _exit_code, _ended_word
+    STOP_REQUESTED.set()  # first: the replies the stop cuts short must find it set (fedpers.core.errors)
     simulating = _simulating()  # only a simulation has Ray to wait for; a deployment stops its own
     if _interrupted and simulating:
         return

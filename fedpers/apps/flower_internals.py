@@ -19,6 +19,8 @@ from flwr.common import log
 from flwr.server import History, Server
 from flwr.server.server import fit_clients
 
+from fedpers.core.errors import refuse_if_stopping
+
 
 def run_simulation_engine(*, num_supernodes: int, client_app_attr: str, server_app, backend_config: dict,
                           server_app_context, app_dir: str, verbose: bool) -> None:
@@ -135,6 +137,7 @@ class ResumableServer(Server):
         log(INFO, "[ROUND %s] phase '%s' on %s clients", server_round, name, len(instructions))
         results, failures = fit_clients(instructions, max_workers=self.max_workers, timeout=timeout,
                                         group_id=server_round)
+        refuse_if_stopping(server_round, f"phase '{name}'")
         parameters = self.strategy.aggregate_phase(name, server_round, results, failures)
         if parameters is not None:
             self.parameters = parameters

@@ -1,5 +1,8 @@
 """Error types that the CLI turns into one clear line and a non-zero exit code, and :func:`shown`, the
-form in which those lines echo a user's value."""
+form in which those lines echo a user's value; :data:`STOP_REQUESTED`, what the round loop reads once a
+run has been told to stop."""
+
+import threading
 
 # An error line echoes at most this many characters of a value: a 5 MB value in a config file must not
 # become a 5 MB error line.
@@ -16,10 +19,21 @@ def shown(value: object, limit: int = SHOWN_CHARS) -> str:
     return cut(repr(value), limit)
 
 
+# Set by the CLI's SIGINT / SIGTERM handler before the run unwinds. The replies a round gets after it are
+# the engine stopping (its client actors ended in the middle of a message), not the clients' failures: a
+# round aggregated from them is not the round an uninterrupted run has, so none is recorded or checkpointed
+# (the strategy raises :class:`Stopping` instead; a resumed run redoes the round).
+STOP_REQUESTED = threading.Event()
+
+
 class FedpersError(Exception):
     """Base class for every error fedpers reports to a user without a traceback (exit code 2: bad input)."""
 
     exit_code = 2
+
+
+class Stopping(FedpersError):
+    """The run was told to stop (:data:`STOP_REQUESTED`) before this round's replies were aggregated."""
 
 
 class ConfigError(FedpersError):
@@ -53,3 +67,11 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
+
+
+def refuse_if_stopping(server_round: int, stage: str) -> None:
+    """Raise :class:`Stopping` once the run has been told to stop (:data:`STOP_REQUESTED`): the replies of
+    a round cut by the stop are not aggregated, recorded or checkpointed, so that a resumed run redoes the
+    round and gives an uninterrupted run's numbers."""
+    if STOP_REQUESTED.is_set():
+        raise Stopping(f"round {server_round}: the run is stopping; its {stage} replies are not aggregated")
