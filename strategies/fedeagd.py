@@ -24,6 +24,12 @@ from fedpers.core.models import parameter_count
 from fedpers.core.wire import BACKBONE_ONLY
 from strategies.base import FedPersStrategy, parameters_nbytes
 
+# The clients' per-round drift statistics each record carries (means weighted by samples, over the round's
+# training samples; None before any client has a teacher): the mean drift 1 - cos(z, t), its maximum, and
+# the mean distillation coefficient lambda_i. summary.json names them ("round_statistics"), so that
+# `fedpers report` tabulates them (round_statistics.md): whether lambda ever leaves its base.
+ROUND_STATISTICS = ("fedeagd_mean_drift", "fedeagd_max_drift", "fedeagd_mean_kd_coef")
+
 FP32_BYTES = 4
 
 
@@ -79,9 +85,7 @@ class FedEAGDStrategy(FedPersStrategy):
             "bytes_per_client_bidirectional": up_each + down_each,
             "fit_bytes_up": int(sum(ups)),
             "fit_bytes_down": int(r.get("fit_down_total", 0)),
-            "fedeagd_mean_drift": r.get("mean_drift"),
-            "fedeagd_mean_kd_coef": r.get("mean_kd_coef"),
-            "fedeagd_max_drift": r.get("max_drift"),
+            **{name: r.get(name.removeprefix("fedeagd_")) for name in ROUND_STATISTICS},
         }
         self.comm_totals["fit_bytes_up"] += comm["fit_bytes_up"]
         self.comm_totals["fit_bytes_down"] += comm["fit_bytes_down"]
@@ -95,6 +99,7 @@ class FedEAGDStrategy(FedPersStrategy):
         fp32 = self.shared_params * FP32_BYTES
         last = self.last_comm
         return {
+            "round_statistics": list(ROUND_STATISTICS),
             "shared_params": self.shared_params,
             "shared_bytes_fp32": fp32,
             "shared_bytes_fp32_bidirectional": 2 * fp32,

@@ -80,3 +80,43 @@ def test_model_sizes_follow_the_data():
         m = build_model(shape, classes, seed=0)
         out = m(torch.zeros(2, *shape))
         assert out.shape == (2, classes)
+
+
+@pytest.mark.parametrize("kind,shape", [("cnn", (1, 28, 28)), ("cnn", (1, 8, 8)), ("se_cnn", (3, 32, 32)),
+                                        ("gn_cnn", (3, 64, 64))])
+def test_the_no_gradient_max_pool_path_gives_nn_maxpool2d_bit_for_bit(kind, shape):
+    """fedpers' MaxPool2d takes a channels-last kernel where no gradient is taken; its outputs (and so a
+    model's evaluation) must be exactly nn.MaxPool2d's, ties included (flat image regions give exact ties
+    after a convolution), and training must stay on PyTorch's own path."""
+    import copy
+
+    from torch import nn
+
+    from fedpers.core.models import MaxPool2d, build_model
+
+    model = build_model(shape, 10, feature_dim=32, seed=0, kind=kind).eval()
+    reference = copy.deepcopy(model)
+    swapped = 0
+    for module in reference.modules():
+        for name, child in module.named_children():
+            if isinstance(child, MaxPool2d):
+                setattr(module, name, nn.MaxPool2d(child.kernel_size))
+                swapped += 1
+    assert swapped >= 2 and not any(type(m) is MaxPool2d for m in reference.modules())
+    x = torch.rand(16, *shape, generator=torch.Generator().manual_seed(1))
+    x[:, :, : shape[1] // 2] = 0.5  # a flat region: equal values in every pooling window
+    with torch.no_grad():
+        assert torch.equal(model(x), reference(x))
+    pool, plain = MaxPool2d(2), nn.MaxPool2d(2)
+    y = torch.relu(torch.randn(4, 8, 10, 10))
+    y[:, :, :4] = 0.25
+    with torch.no_grad():
+        fast = pool(y)
+    assert torch.equal(fast, plain(y)) and fast.is_contiguous()
+    a, b = y.clone().requires_grad_(), y.clone().requires_grad_()
+    out = pool(a)
+    assert out.grad_fn is not None and "MaxPool2DWithIndices" in type(out.grad_fn).__name__
+    gradient = torch.randn_like(out)
+    out.backward(gradient)
+    plain(b).backward(gradient)
+    assert torch.equal(a.grad, b.grad)

@@ -340,6 +340,9 @@ def test_fedeagd_simulation_counts_shared_extractor_bytes(tmp_path):
         assert r["client_state_consistent"] is True and r["global_acc"] is None
     assert rounds[0]["fedeagd_mean_drift"] is None  # no history in the first participation
     assert rounds[1]["fedeagd_mean_drift"] >= 0 and rounds[1]["fedeagd_mean_kd_coef"] >= cfg.fedeagd_kd_base
+    assert rounds[1]["fedeagd_max_drift"] >= rounds[1]["fedeagd_mean_drift"]
+    # the report tabulates what the summary names (round_statistics.md)
+    assert summary["round_statistics"] == ["fedeagd_mean_drift", "fedeagd_max_drift", "fedeagd_mean_kd_coef"]
     assert summary["fit_bytes_up"] == sum(r["fit_bytes_up"] for r in rounds)
     assert summary["fit_messages"] == 6
     assert summary["bytes_per_client_per_round_bidirectional"] == rounds[-1]["bytes_per_client_bidirectional"]

@@ -316,3 +316,37 @@ def test_the_committed_studies_read_their_tables_declaration():
         for label, cells in study.paper.items():
             declared = label.replace(" (defaults)", "")
             assert cells == table2.paper[declared]
+
+
+def test_report_tabulates_the_round_statistics_a_run_names(tmp_path):
+    """FedEAGD's records carry its drift statistics every round and summary.json names them: the report's
+    round_statistics.md gives each at the chosen rounds, min and max over rounds, mean over seeds (exact);
+    runs that name none (here FedAvg) get no row, and a sweep with none writes no file."""
+    text = SWEEP.replace("alphas: [0.5, 1.0]", "alphas: [0.5]").replace(
+        "  - {label: pFedKDH-Fair", "  - {label: FedEAGD, method: fedeagd}\n  - {label: pFedKDH-Fair")
+    out = tmp_path / "out"
+    runs = planned_sweep(tmp_path, text, out)
+    for run in runs:
+        fake_run(run, [0.5] * 4)
+        if run.overrides["method"] != "fedeagd":
+            continue
+        records = [json.loads(line) for line in (tmp_path / run.run_dir / "metrics.jsonl").read_text().splitlines()]
+        path = tmp_path / run.run_dir / "metrics.jsonl"
+        path.write_text("".join(json.dumps({**r, "fedeagd_mean_drift": None if r["round"] == 1 else
+                                            0.01 * r["round"] + 0.1 * run.seed, "fedeagd_mean_kd_coef": 0.5}) + "\n"
+                                for r in records))
+        summary_path = tmp_path / run.run_dir / "summary.json"
+        summary = json.loads(summary_path.read_text())
+        summary_path.write_text(json.dumps({**summary, "round_statistics": ["fedeagd_mean_drift", "fedeagd_mean_kd_coef"]}))
+    files = report(out)
+    assert out / "round_statistics.md" in files
+    table = (out / "round_statistics.md").read_text()
+    # rounds 1, 2 and the last (4; a tenth and a quarter of 4 round to 0 and 1); seeds 0 and 1 differ by 0.1
+    assert "| row | statistic | n | round 1 | round 2 | round 4 | min | max |" in table
+    assert "| FedEAGD | fedeagd_mean_drift | 2 |  | 0.0700 | 0.0900 | 0.0700 | 0.0900 |" in table
+    assert "| FedEAGD | fedeagd_mean_kd_coef | 2 | 0.5000 | 0.5000 | 0.5000 | 0.5000 | 0.5000 |" in table
+    assert "fedavg" not in table and "pFedKDH" not in table
+    plain = tmp_path / "plain"
+    for run in planned_sweep(tmp_path, SWEEP, plain):
+        fake_run(run, [0.5, 0.6])
+    assert not (plain / "round_statistics.md").exists() and report(plain) and not (plain / "round_statistics.md").exists()

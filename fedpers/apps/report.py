@@ -22,6 +22,9 @@
   metric, or of each ``group`` the sweep names) has the highest validation accuracy, averaged over the last 5
   evaluated rounds: the value chosen.
   The test columns never take part in the choice.
+* ``round_statistics.md`` (runs whose ``summary.json`` names ``round_statistics``, e.g. FedEAGD's drift and
+  distillation coefficient): each statistic at a few rounds, its minimum and maximum over all rounds, mean
+  over the finished seeds.
 """
 
 from __future__ import annotations
@@ -425,6 +428,61 @@ def write_validation(sweep: Sweep, runs: list[PlannedRun], out: Path) -> Path:
     return path
 
 
+def _shown_rounds(last: int) -> list[int]:
+    """The rounds a round-statistics table shows: the first two, then about a tenth, a quarter, half and
+    all of the run."""
+    return sorted({r for r in (1, 2, last // 10, last // 4, last // 2, last) if r >= 1})
+
+
+def write_round_statistics(sweep: Sweep, runs: list[PlannedRun], out: Path) -> Path | None:
+    """``round_statistics.md``: per column and row, each statistic its runs' ``summary.json`` names under
+    ``round_statistics`` (a method's own per-round figures in its records, e.g. FedEAGD's drift), at the
+    rounds :func:`_shown_rounds` picks, and its minimum and maximum over every round with a value; each a
+    mean over the finished seeds (n). None (nothing written) when no run names any."""
+    lines = ["# Round statistics", "",
+             "A method's own figures, recorded every round (training rounds included, evaluated or not); each "
+             "cell the mean over the finished seeds (n). Blank: no value that round (e.g. before any client "
+             "has a teacher). 'min' / 'max': over all rounds with a value, then the mean over seeds.", ""]
+    found = False
+    for d, a in _columns(sweep):
+        rows = []
+        for entry in sweep.methods:
+            per_seed: list[dict[str, dict[int, float]]] = []
+            names: list[str] = []
+            for run in _runs_for(entry, d, a, runs):
+                summary_path = Path(run.run_dir) / "summary.json"
+                if not summary_path.exists():
+                    continue
+                names = list(json.loads(summary_path.read_text()).get("round_statistics") or [])
+                if names:
+                    per_seed.append({name: {r["round"]: float(r[name]) for r in read_metrics(run.run_dir)
+                                            if isinstance(r.get(name), (int, float))} for name in names})
+            if per_seed:
+                rows.append((entry.label, names, per_seed))
+        if not rows:
+            continue
+        found = True
+        last = max(max(series, default=0) for _, _, seeds in rows for seed in seeds for series in seed.values())
+        shown_rounds = _shown_rounds(last)
+        lines += [f"## {dataset_tag(d)} α={a:g}", "",
+                  "| row | statistic | n | " + " | ".join(f"round {r}" for r in shown_rounds) + " | min | max |",
+                  "|---|---|---|" + "---|" * (len(shown_rounds) + 2)]
+        for label, names, seeds in rows:
+            for name in names:
+                def mean(values: list[float]) -> str:
+                    return f"{np.mean(values):.4f}" if values else ""
+                at = [mean([s[name][r] for s in seeds if r in s[name]]) for r in shown_rounds]
+                lo = mean([min(s[name].values()) for s in seeds if s[name]])
+                hi = mean([max(s[name].values()) for s in seeds if s[name]])
+                lines.append(f"| {label} | {name} | {len(seeds)} | " + " | ".join(at) + f" | {lo} | {hi} |")
+        lines.append("")
+    if not found:
+        return None
+    path = out / "round_statistics.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
 def check_run_files(runs: list[PlannedRun], value: str = "final") -> set[str]:
     """Read every finished run's ``summary.json`` and ``metrics.jsonl`` once, so that a torn line or a
     truncated file (a run killed while writing, a copy cut short) is one error line naming the file and the
@@ -477,6 +535,8 @@ def report(out: str | Path, *, value: str = "final", metric: str | None = None,
     extra = [write_versus(sweep, runs, versus, out)] if versus else []
     if sweep.claims:
         extra += write_study_claims(sweep, runs, out)
+    statistics = write_round_statistics(sweep, runs, out)
+    extra += [statistics] if statistics else []
     if has_validation(runs):
         extra += [write_validation(sweep, runs, out),
                   *write_figures(sweep, collect(sweep, runs, validation=True), out, split="val")]

@@ -33,6 +33,20 @@ def simple_cnn_padding(image_size: tuple[int, int], kernel: int = 5) -> int:
     return 0 if after_two_blocks >= 1 else kernel // 2
 
 
+class MaxPool2d(nn.MaxPool2d):
+    """``nn.MaxPool2d`` with a faster CPU path where no gradient is taken (evaluation, FedEAGD's teacher,
+    pFedKDH's teacher logits): PyTorch's channels-last max-pool kernel is vectorised over channels, its
+    channels-first one is not (a 64x32x32x32 batch: 10.8 ms against 5.9 ms with the two layout copies, one
+    thread). A maximum is exact in any layout, so the output is bit for bit that of ``nn.MaxPool2d``
+    (tested, ties included); with a gradient the layout copies cost more than they save, so training takes
+    PyTorch's own path."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        if x.device.type != "cpu" or x.dim() != 4 or self.return_indices or (torch.is_grad_enabled() and x.requires_grad):
+            return super().forward(x)
+        return super().forward(x.contiguous(memory_format=torch.channels_last)).contiguous()
+
+
 class SimpleCNN(nn.Module):
     """The pFedKDH paper's CNN: two conv + ReLU + max-pool blocks, dropout, flatten, FC projection
     (= backbone) and a linear head.
@@ -55,8 +69,8 @@ class SimpleCNN(nn.Module):
         else:
             h, w = h // 4, w // 4
         self.backbone = nn.Sequential(
-            nn.Conv2d(in_channels, 32, kernel_size=5, padding=pad), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, kernel_size=5, padding=pad), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(in_channels, 32, kernel_size=5, padding=pad), nn.ReLU(), MaxPool2d(2),
+            nn.Conv2d(32, 64, kernel_size=5, padding=pad), nn.ReLU(), MaxPool2d(2),
             nn.Dropout(dropout), nn.Flatten(),
             nn.Linear(64 * h * w, feature_dim), nn.ReLU(),
         )
@@ -114,9 +128,9 @@ class SECNN(nn.Module):
         flat = 64 * (h // 4) * (w // 4)
         self.backbone = nn.Sequential(
             nn.Conv2d(in_channels, 32, kernel_size=5, padding=2), nn.ReLU(),
-            SqueezeExcitation(32, se_reduction), nn.MaxPool2d(2),
+            SqueezeExcitation(32, se_reduction), MaxPool2d(2),
             nn.Conv2d(32, 64, kernel_size=5, padding=2), nn.ReLU(),
-            SqueezeExcitation(64, se_reduction), nn.MaxPool2d(2),
+            SqueezeExcitation(64, se_reduction), MaxPool2d(2),
             nn.Dropout(dropout), nn.Flatten(),
             nn.Linear(flat, feature_dim), nn.ReLU(),
         )
@@ -164,7 +178,7 @@ class GroupNormCNN(nn.Module):
         blocks, c = [], in_channels
         for width in self.widths:
             blocks.append(nn.Sequential(nn.Conv2d(c, width, kernel_size=3, padding=1),
-                                        nn.GroupNorm(min(groups, width), width), nn.ReLU(), nn.MaxPool2d(2)))
+                                        nn.GroupNorm(min(groups, width), width), nn.ReLU(), MaxPool2d(2)))
             c = width
             h, w = max(h // 2, 1), max(w // 2, 1)
         self.backbone = nn.Sequential(
