@@ -248,7 +248,7 @@ class FedPersStrategy(ContractSide, Strategy):
                       failures: list[Any]) -> tuple[Parameters | None, dict[str, Scalar]]:
         """Validate every update, drop the bad ones (logged), and aggregate the rest; first, the record of a
         pending previous round with the evaluations these replies carry."""
-        refuse_if_stopping(server_round, "fit")
+        refuse_if_stopping(server_round, "fit", len(failures))
         results = self.roster.in_partition_order(results)
         if self.book.pending is not None:
             self.book.complete_pending(results, self.finish_round)
@@ -351,7 +351,7 @@ class FedPersStrategy(ContractSide, Strategy):
                            failures: list[Any]) -> tuple[float | None, dict[str, Scalar]]:
         """Personalized macro accuracy: the mean over clients of each client's own test accuracy (the
         round's record waits for the evaluations carried by the next round's fit replies, if any)."""
-        refuse_if_stopping(server_round, "evaluation")
+        refuse_if_stopping(server_round, "evaluation", len(failures))
         results = self.roster.in_partition_order(results)
         evaluations = [(float(res.loss), int(res.num_examples), dict(res.metrics)) for _, res in results]
         self.book.current.setdefault("evaluations", []).extend(evaluations)

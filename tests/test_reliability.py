@@ -734,3 +734,29 @@ def test_replies_that_come_after_a_stop_are_neither_recorded_nor_checkpointed(st
     assert [r["round"] for r in resumed] == [1, 2, 3]
     assert [(r["personalized_macro_acc"], r["per_client_acc"]) for r in resumed] == \
         [(r["personalized_macro_acc"], r["per_client_acc"]) for r in whole]
+
+
+def test_a_round_with_failures_waits_a_moment_for_a_stop(monkeypatch):
+    """A SIGTERM to the whole process group ends the client actors as it reaches the driver, so a round's
+    failures can come before the stop is known: a round with failures waits up to STOP_GRACE_S for it;
+    one without failures does not wait, and with no stop a round with failures goes on."""
+    import threading
+
+    from fedpers.core import errors
+    from fedpers.core.errors import STOP_REQUESTED, Stopping, refuse_if_stopping
+
+    monkeypatch.setattr(errors, "STOP_GRACE_S", 0.3)
+    start = time.monotonic()
+    refuse_if_stopping(3, "fit", failures=0)
+    assert time.monotonic() - start < 0.1
+    refuse_if_stopping(3, "fit", failures=1)  # no stop comes: the round goes on after the grace
+    assert time.monotonic() - start >= 0.3
+    monkeypatch.setattr(errors, "STOP_GRACE_S", 30.0)
+    threading.Timer(0.1, STOP_REQUESTED.set).start()
+    try:
+        start = time.monotonic()
+        with pytest.raises(Stopping, match="round 3: the run is stopping; its evaluation replies"):
+            refuse_if_stopping(3, "evaluation", failures=2)
+        assert time.monotonic() - start < 20  # woken by the stop, not by the grace's end
+    finally:
+        STOP_REQUESTED.clear()

@@ -137,7 +137,7 @@ class ResumableServer(Server):
         log(INFO, "[ROUND %s] phase '%s' on %s clients", server_round, name, len(instructions))
         results, failures = fit_clients(instructions, max_workers=self.max_workers, timeout=timeout,
                                         group_id=server_round)
-        refuse_if_stopping(server_round, f"phase '{name}'")
+        refuse_if_stopping(server_round, f"phase '{name}'", len(failures))
         parameters = self.strategy.aggregate_phase(name, server_round, results, failures)
         if parameters is not None:
             self.parameters = parameters

@@ -69,9 +69,18 @@ class Interrupted(KeyboardInterrupt):
         self.signum = signum
 
 
-def refuse_if_stopping(server_round: int, stage: str) -> None:
-    """Raise :class:`Stopping` once the run has been told to stop (:data:`STOP_REQUESTED`): the replies of
-    a round cut by the stop are not aggregated, recorded or checkpointed, so that a resumed run redoes the
-    round and gives an uninterrupted run's numbers."""
-    if STOP_REQUESTED.is_set():
+# How long a round with failed replies waits for a stop before it is aggregated (ours): a SIGTERM sent to
+# the whole process group (docker stop, Slurm) ends the client actors at the moment it reaches the driver,
+# and a signal that lands on one of the engine's threads reaches the handler up to 0.5 s later
+# (``fedpers.apps.cli._forwarder``); so failures can come before the stop is known. Rounds without
+# failures do not wait.
+STOP_GRACE_S = 1.0
+
+
+def refuse_if_stopping(server_round: int, stage: str, failures: int = 0) -> None:
+    """Raise :class:`Stopping` once the run has been told to stop (:data:`STOP_REQUESTED`; with
+    ``failures``, after waiting up to :data:`STOP_GRACE_S` for it): the replies of a round cut by the stop
+    are not aggregated, recorded or checkpointed, so that a resumed run redoes the round and gives an
+    uninterrupted run's numbers."""
+    if STOP_REQUESTED.is_set() or (failures and STOP_REQUESTED.wait(STOP_GRACE_S)):
         raise Stopping(f"round {server_round}: the run is stopping; its {stage} replies are not aggregated")
