@@ -434,6 +434,11 @@ def _shown_rounds(last: int) -> list[int]:
     return sorted({r for r in (1, 2, last // 10, last // 4, last // 2, last) if r >= 1})
 
 
+def _mean_text(values: list[float]) -> str:
+    """The mean of ``values`` with 4 decimals, or blank when there is none."""
+    return f"{np.mean(values):.4f}" if values else ""
+
+
 def write_round_statistics(sweep: Sweep, runs: list[PlannedRun], out: Path) -> Path | None:
     """``round_statistics.md``: per column and row, each statistic its runs' ``summary.json`` names under
     ``round_statistics`` (a method's own per-round figures in its records, e.g. FedEAGD's drift), at the
@@ -469,11 +474,9 @@ def write_round_statistics(sweep: Sweep, runs: list[PlannedRun], out: Path) -> P
                   "|---|---|---|" + "---|" * (len(shown_rounds) + 2)]
         for label, names, seeds in rows:
             for name in names:
-                def mean(values: list[float]) -> str:
-                    return f"{np.mean(values):.4f}" if values else ""
-                at = [mean([s[name][r] for s in seeds if r in s[name]]) for r in shown_rounds]
-                lo = mean([min(s[name].values()) for s in seeds if s[name]])
-                hi = mean([max(s[name].values()) for s in seeds if s[name]])
+                at = [_mean_text([s[name][r] for s in seeds if r in s[name]]) for r in shown_rounds]
+                lo = _mean_text([min(s[name].values()) for s in seeds if s[name]])
+                hi = _mean_text([max(s[name].values()) for s in seeds if s[name]])
                 lines.append(f"| {label} | {name} | {len(seeds)} | " + " | ".join(at) + f" | {lo} | {hi} |")
         lines.append("")
     if not found:
