@@ -43,16 +43,12 @@ import torch
 
 from fedpers.registry.config import build_config
 from fedpers.core.federation import get_federation
-from fedpers.core.schema import clients_per_round
 from fedpers.registry.methods import client_class_for, strategy_class_for
 from fedpers.core.results import read_metrics
 from fedpers.apps.simulation import run_simulation
 from fedpers.core.wire import SERVER_ROUND
 
-try:
-    from strategies.base import Upload  # issue 18: an upload is its model section plus named others
-except ImportError:  # a tree before it (the "before" profile)
-    Upload = None
+from strategies.base import Upload
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE.parent.parent / "shared" / "data"
@@ -114,6 +110,24 @@ class _PartTimer:
                 delattr(self._cls, name)
 
 
+def setting_config(name: str, rounds: int = 3):
+    """The config of setting ``name`` as this script runs it (CPU, one CPU per client actor)."""
+    return build_config({**SETTINGS[name], "rounds": rounds, "device": "cpu", "client_cpus": 1.0})
+
+
+def sampled_clients(strategy, server_round: int) -> list[int]:
+    """The partition ids the strategy's own seeded draw trains in ``server_round``, every client connected."""
+    return strategy.roster.fit_sample(server_round, dict.fromkeys(range(strategy.cfg.num_clients)))
+
+
+def fit_round_before(cfg, client_cls, contexts: dict, pids: list[int], broadcast, config: dict,
+                     server_round: int) -> None:
+    """Round ``server_round - 1``'s fit of clients ``pids`` (not timed): the state a real ``server_round``
+    finds (FedEAGD's EMA teacher, every method's persistent head)."""
+    for pid in pids:
+        client_cls(cfg, contexts[pid]).fit(broadcast, {**config, SERVER_ROUND: server_round - 1})
+
+
 def replay_round(cfg, server_round: int = 2, timed_parts: tuple[str, ...] = ()) -> dict[str, float]:
     """Seconds of each part of one round, run in this process with the method's own classes."""
     from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
@@ -126,17 +140,13 @@ def replay_round(cfg, server_round: int = 2, timed_parts: tuple[str, ...] = ()) 
     timings["server set-up (incl. initial calibration)"] = time.perf_counter() - t
     strategy.book.start()
     broadcast = strategy.download_arrays()
-    # the message config with the broadcast's section counts (trees before issue 18 sent the round only)
-    config = (strategy.message_config(server_round) if hasattr(strategy, "message_config")
-              else {"server_round": server_round})
+    config = strategy.message_config(server_round)  # with the broadcast's section counts
     k = fed.num_clients
-    m = clients_per_round(cfg.fraction_fit, k)
-    chosen = sorted(int(p) for p in np.random.default_rng([cfg.seed, server_round]).choice(k, size=m, replace=False))
+    chosen = sampled_clients(strategy, server_round)
     client_cls = client_class_for(cfg)
     contexts = {pid: _context(cfg, pid) for pid in range(k)}
     torch.set_num_threads(1)  # as one client actor
-    for pid in chosen:  # round 1 (not timed): the state a real round 2 finds
-        client_cls(cfg, contexts[pid]).fit(broadcast, {**config, SERVER_ROUND: server_round - 1})
+    fit_round_before(cfg, client_cls, contexts, chosen, broadcast, config, server_round)
     parts = _PartTimer(client_cls, ("train", *timed_parts))
     fit_s, build_s, ser_s, updates = 0.0, 0.0, 0.0, {}
     for pid in chosen:
@@ -148,7 +158,7 @@ def replay_round(cfg, server_round: int = 2, timed_parts: tuple[str, ...] = ()) 
         fit_s += time.perf_counter() - t
         t = time.perf_counter()
         received = parameters_to_ndarrays(ndarrays_to_parameters(arrays))
-        updates[pid] = Upload(received, n, {}) if Upload is not None else (received, n)
+        updates[pid] = Upload(received, n, {})
         ser_s += time.perf_counter() - t
     timings["client fit (sum over sampled clients, 1 thread)"] = fit_s
     timings["  of which the training loop"] = parts.seconds["train"]
@@ -166,8 +176,7 @@ def replay_round(cfg, server_round: int = 2, timed_parts: tuple[str, ...] = ()) 
     broadcast = strategy.download_arrays()
     torch.set_num_threads(1)
     eval_s = 0.0
-    # getattr: the same script measured the tree before personalized_is_global existed ("before")
-    evaluated = [] if getattr(strategy, "personalized_is_global", False) else list(range(k))
+    evaluated = [] if strategy.personalized_is_global else list(range(k))
     for pid in evaluated:
         t = time.perf_counter()
         client = client_cls(cfg, contexts[pid])
@@ -192,19 +201,19 @@ def interleaved_fits(names: list[str], server_round: int = 2) -> dict:
     same clients (the same seed, clients and fraction). Returns per setting the per-client seconds and their
     sum, and each sum's ratio to the first setting's."""
     torch.set_num_threads(1)
-    runs = {}
+    runs, samples = {}, []
     for name in names:
-        cfg = build_config({**SETTINGS[name], "rounds": 3, "device": "cpu", "client_cpus": 1.0})
+        cfg = setting_config(name)
         strategy = strategy_class_for(cfg)(cfg, get_federation(cfg), None)
         strategy.book.start()
         runs[name] = (cfg, strategy.download_arrays(), strategy.message_config(server_round), client_class_for(cfg))
-    cfg = runs[names[0]][0]
-    k, m = cfg.num_clients, clients_per_round(cfg.fraction_fit, cfg.num_clients)
-    chosen = sorted(int(p) for p in np.random.default_rng([cfg.seed, server_round]).choice(k, size=m, replace=False))
+        samples.append(sampled_clients(strategy, server_round))
+    if any(sample != samples[0] for sample in samples):
+        raise SystemExit(f"--interleave: the settings {names} do not sample the same clients in round {server_round}")
+    chosen = samples[0]
     contexts = {name: {pid: _context(runs[name][0], pid) for pid in chosen} for name in names}
-    for pid in chosen:  # round 1, not timed
-        for name, (cfg, broadcast, config, client_cls) in runs.items():
-            client_cls(cfg, contexts[name][pid]).fit(broadcast, {**config, SERVER_ROUND: server_round - 1})
+    for name, (cfg, broadcast, config, client_cls) in runs.items():
+        fit_round_before(cfg, client_cls, contexts[name], chosen, broadcast, config, server_round)
     spare = {name: copy.deepcopy(contexts[name][chosen[0]]) for name in names}  # for the op profile below
     seconds = {name: {} for name in names}
     for pid in chosen:
@@ -255,7 +264,7 @@ def main() -> None:
         path.with_suffix(".md").write_text(markdown(report))
         return
     for name in args.only:
-        cfg = build_config({**SETTINGS[name], "rounds": args.rounds, "device": "cpu", "client_cpus": 1.0})
+        cfg = setting_config(name, args.rounds)
         seconds = simulated_round_seconds(cfg)
         parts = replay_round(cfg, timed_parts=TIMED_CLIENT_PARTS.get(name, ()))
         later = float(np.mean(seconds[1:])) if len(seconds) > 1 else float("nan")
