@@ -185,15 +185,37 @@ def test_a_key_declared_by_two_sections_is_refused_naming_both():
         Schema((("core", CORE_KEYS), ("fedfoo", (Key("alpha", float, 1.0, "clash"),))))
 
 
+def test_a_changed_default_keeps_saved_state_tied_to_the_values_it_was_made_with():
+    """pFedKDH's lambda_kd, temperature and ea_steps changed defaults (0.5, 3, 10 -> 0.1, 1, 50). The
+    fingerprints recorded before the change: a run at the old defaults (44136fa355b3678a) and one that set
+    0.1, 1, 50 explicitly (6e877a1509d112d8). Today a run that pins the old values finds the first's saved
+    state, a run at today's defaults the second's, and neither the other's."""
+    from fedpers.core.state_store import config_fingerprint
+
+    today = build_config({"method": "pfedkdh"})
+    assert (today.lambda_kd, today.temperature, today.ea_steps) == (0.1, 1.0, 50)
+    old_values = {"lambda_kd": 0.5, "temperature": 3.0, "ea_steps": 10}
+    assert config_fingerprint(build_config({"method": "pfedkdh", **old_values})) == "44136fa355b3678a"
+    assert config_fingerprint(today) == "6e877a1509d112d8"
+    assert config_fingerprint(build_config({"method": "pfedkdh", "lambda_kd": 0.1, "temperature": 1.0,
+                                            "ea_steps": 50})) == "6e877a1509d112d8"
+    # another method's run: the same whether a study pins pFedKDH's old values for every row or not
+    assert config_fingerprint(build_config({"method": "fedper", **old_values})) \
+        == config_fingerprint(build_config({"method": "fedper"}))
+
+
 def test_experiment_fingerprints_are_unchanged_by_where_keys_are_declared():
     # Checkpoints and client state on disk are matched by this fingerprint: values recorded before the
     # methods' keys moved out of fedpers/core/schema.py into fedpers/algorithms/<method>.py.
     from fedpers.core.state_store import config_fingerprint
 
     recorded = {
-        (): "44136fa355b3678a",
+        # pFedKDH at the defaults of the day (lambda_kd 0.5, T 3, 10 EA steps), pinned since they changed
+        (("lambda_kd", 0.5), ("temperature", 3.0), ("ea_steps", 10)): "44136fa355b3678a",
         (("method", "fedeagd"), ("alpha", 0.1), ("rounds", 100)): "3bc9c2b24a81e0c9",
-        (("method", "pfedkdh"), ("variant", "ea"), ("temperature", 2.0)): "42c93ef265579807",
+        # pFedKDH's lambda_kd and ea_steps at the defaults of the day (0.5, 10), pinned since they changed
+        (("method", "pfedkdh"), ("variant", "ea"), ("temperature", 2.0), ("lambda_kd", 0.5), ("ea_steps", 10)):
+            "42c93ef265579807",
         (("method", "fedavg"), ("jdfl", "graded"), ("aux_size", 0), ("jdfl_tau", 0.2)): "3ad67ec382a7526c",
     }
     for overrides, fingerprint in recorded.items():

@@ -4,6 +4,8 @@ import json
 import re
 import subprocess
 import sys
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +14,7 @@ from fedpers.registry.config import build_config
 from fedpers.core.errors import ConfigError
 from fedpers.apps.report import paired_client_difference, report
 from fedpers.core.results import ResultsWriter, accuracy_summary
-from fedpers.apps.sweep import load_sweep, plan, write_plan
+from fedpers.apps.sweep import load_sweep, plan, recorded_differences, run_sweep, write_plan
 from tests.conftest import ROOT
 
 SWEEP = """
@@ -314,7 +316,7 @@ def test_the_committed_studies_read_their_tables_declaration():
     for name in ("pfedkdh_table2_mnist", "pfedkdh_mnist_seeds"):
         study = load_sweep(ROOT / "benchmarks" / "studies" / f"{name}.yaml")
         for label, cells in study.paper.items():
-            declared = label.replace(" (defaults)", "")
+            declared = label.split(" (")[0]  # "pFedKDH-EA (λ=0.5 T=3 10 steps)": Table 2's pFedKDH-EA
             assert cells == table2.paper[declared]
 
 
@@ -350,3 +352,46 @@ def test_report_tabulates_the_round_statistics_a_run_names(tmp_path):
     for run in planned_sweep(tmp_path, SWEEP, plain):
         fake_run(run, [0.5, 0.6])
     assert not (plain / "round_statistics.md").exists() and report(plain) and not (plain / "round_statistics.md").exists()
+
+
+def _record_config(run, **changes):
+    """Give a fake run's summary.json the config a real run records: its plan's, with ``changes``."""
+    path = Path(run.run_dir) / "summary.json"
+    config = {**build_config(run.overrides).to_dict(), **changes}
+    path.write_text(json.dumps({**json.loads(path.read_text()), "config": config}))
+
+
+def test_a_finished_run_made_with_other_values_than_its_plan_is_refused_by_sweep_and_report(tmp_path):
+    """A default that changed after a run (here the runs recorded lambda_kd 0.5, the plan today gives 0.1):
+    the sweep would skip the run and the report show it as the row it is not; both refuse, naming the run
+    and the key, before anything is written. Another method's keys (ditto_lambda, pFedKDH's on FedAvg) and
+    the run mechanics (out_dir, data_dir) are not compared. Pinning the value in base makes them the plan."""
+    text = SWEEP.replace("alphas: [0.5, 1.0]", "alphas: [0.5]").replace("seeds: [0, 1]", "seeds: [0]")
+    out = tmp_path / "out"
+    for run in planned_sweep(tmp_path, text, out):
+        fake_run(run, [0.5, 0.6])
+        _record_config(run, lambda_kd=0.5, ditto_lambda=7.0, out_dir="/elsewhere", data_dir="/data")
+    plan_file = (out / "sweep.json").read_text()
+    refusal = re.escape(f"{out}/runs/pfedkdh_variant=ea/digits_a0.5/seed0/summary.json was made with lambda_kd "
+                        "0.5 (plan: 0.1); pin the values it was made with")
+    with pytest.raises(ConfigError, match="report: " + refusal):
+        report(out)
+    with pytest.raises(ConfigError, match="sweep: " + refusal):
+        run_sweep(load_sweep(tmp_path / "s.yaml"), out)
+    assert (out / "sweep.json").read_text() == plan_file and not (out / "table.md").exists()
+    pinned = text.replace("fraction_fit: 1.0}", "fraction_fit: 1.0, lambda_kd: 0.5}")
+    assert [r.run_dir for r in planned_sweep(tmp_path, pinned, out)] == [r.run_dir for r in plan(load_sweep(tmp_path / "s.yaml"), out)]
+    assert run_sweep(load_sweep(tmp_path / "s.yaml"), out) == []  # every run finished: nothing to run
+    assert out / "table.md" in report(out)
+
+
+def test_recorded_differences_reads_a_key_not_recorded_as_its_default(tmp_path):
+    """A key added to the schema after a run is not in its summary: the run had what the default gives, so
+    it differs only where the plan moves the key off its default."""
+    run = planned_sweep(tmp_path, SWEEP, tmp_path / "out")[0]
+    recorded = build_config(run.overrides).to_dict()
+    del recorded["val_fraction"]
+    assert recorded_differences(run, recorded) == {}
+    moved = replace(run, overrides={**run.overrides, "val_fraction": 0.15})
+    assert recorded_differences(moved, recorded) == {"val_fraction": ("not recorded", 0.15)}
+    assert recorded_differences(run, {**recorded, "local_epochs": 2}) == {"local_epochs": (2, 1)}

@@ -37,7 +37,7 @@ import numpy as np
 
 from fedpers.core.errors import ConfigError, shown
 from fedpers.core.results import VALIDATION_PREFIX, read_metrics
-from fedpers.apps.sweep import MethodEntry, PlannedRun, Sweep, dataset_tag, read_plan
+from fedpers.apps.sweep import MethodEntry, PlannedRun, Sweep, check_finished_runs, dataset_tag, read_plan
 
 
 def _runs_for(entry: MethodEntry, dataset: str, alpha: float, runs: list[PlannedRun]) -> list[PlannedRun]:
@@ -530,6 +530,7 @@ def report(out: str | Path, *, value: str = "final", metric: str | None = None,
     out = Path(out)
     sweep, runs = read_plan(out)
     metrics = check_run_files(runs, value)  # before any file is written: a refused report changes nothing
+    check_finished_runs(runs, "report")
     if metric and metrics and metric not in metrics:
         raise ConfigError(f"report: --metric {shown(metric)} is not a metric of these runs; they have "
                           f"{', '.join(sorted(metrics))}")

@@ -45,9 +45,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from fedpers.registry.config import build_config, read_config_file
+from fedpers.registry.config import build_config, ignored_key_names, read_config_file
 from fedpers.core.data import find_dataset
 from fedpers.core.errors import ConfigError, FedpersError, shown
+from fedpers.core.state_store import MECHANICS_KEYS
 
 
 @dataclass(frozen=True)
@@ -350,6 +351,46 @@ def read_plan(out: str | Path) -> tuple[Sweep, list[PlannedRun]]:
                           "run `fedpers sweep` again to rewrite it") from None
 
 
+# Keys a finished run and its plan may differ in: where and how it ran, and where its data lies
+# (``--set data_dir=...`` on one machine, the default search path on another).
+_NOT_COMPARED = MECHANICS_KEYS | {"data_dir"}
+
+
+def recorded_differences(run: PlannedRun, recorded: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """The experiment's keys whose value in a finished run (``recorded``: its ``summary.json``'s ``config``)
+    differs from what the plan gives that run today: ``{key: (recorded, planned)}``, over the keys the run
+    reads (not another method's). A key the run did not record (added to the schema later) differs only
+    where the plan moves it off its default. Empty when the run is the planned experiment; not, e.g., when a
+    default changed after the run and the plan does not pin the value the run was made with."""
+    config = build_config(run.overrides)
+    planned = json.loads(json.dumps(config.to_dict(), default=str))  # as summary.json records it
+    defaults = json.loads(json.dumps(config.defaults(), default=str))
+    unread = _NOT_COMPARED | set(ignored_key_names(config, planned))
+    return {key: (recorded.get(key, "not recorded"), value) for key, value in planned.items()
+            if key not in unread and (recorded[key] != value if key in recorded else value != defaults[key])}
+
+
+def check_finished_runs(runs: list[PlannedRun], who: str) -> None:
+    """Refuse (one line naming the run and the keys) a plan whose finished run is another experiment than
+    the plan says, before anything is run or written: a sweep would skip it and a report would show it as
+    the row it is not. Runs without ``summary.json``, or whose summary records no config, are not checked."""
+    for run in runs:
+        path = Path(run.run_dir) / "summary.json"
+        if not path.is_file():
+            continue
+        try:
+            recorded = json.loads(path.read_text()).get("config")
+        except (ValueError, UnicodeDecodeError, AttributeError):
+            continue  # a torn or foreign file: the report's own check names it
+        if not isinstance(recorded, dict):
+            continue
+        differ = recorded_differences(run, recorded)
+        if differ:
+            listed = ", ".join(f"{k} {shown(a)} (plan: {shown(b)})" for k, (a, b) in sorted(differ.items()))
+            raise ConfigError(f"{who}: {path} was made with {listed}; pin the values it was made with in the "
+                              "study's base or the row's set (a default changed since?), or use another --out")
+
+
 def _eta(seconds: float) -> str:
     s = int(seconds)
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
@@ -432,8 +473,9 @@ def run_sweep(sweep: Sweep, out: str | Path, *, tensorboard: bool = False, jobs:
     Returns the runs that failed."""
     if jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
-    write_plan(sweep, out)
     runs = plan(sweep, out)
+    check_finished_runs(runs, "sweep")
+    write_plan(sweep, out)
     todo = [r for r in runs if not (Path(r.run_dir) / "summary.json").exists()]
     print(f"sweep | {len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to run -> {out}"
           + (f", {jobs} at a time" if jobs > 1 else ""), flush=True)

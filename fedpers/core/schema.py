@@ -41,6 +41,10 @@ class Key:
     default: Value
     help: str
     check: Callable[[Any], str | None] | None = None
+    # The default this key had when saved state (checkpoints, client state) first recorded it, where the
+    # default has changed since; None: never changed. The experiment fingerprint compares with it, so that
+    # state saved before the change stays tied to the values it was made with (see config_fingerprint).
+    first_default: Value | None = None
 
 
 def positive(v: float) -> str | None:
@@ -236,9 +240,12 @@ class Schema:
     :meth:`build` validates a config against. The core holds :data:`CORE_KEYS`; the full table of a run
     (the core's keys, then each method's own ``KEYS``) is assembled by :mod:`fedpers.registry.config`."""
 
-    def __init__(self, sections: tuple[tuple[str, tuple[Key, ...]], ...], checks: tuple[ValuesCheck, ...] = ()):
+    def __init__(self, sections: tuple[tuple[str, tuple[Key, ...]], ...], checks: tuple[ValuesCheck, ...] = (),
+                 owners_read: Callable[[Mapping[str, Value]], set[str]] | None = None):
         """``sections``: (owner, keys) pairs in table order, e.g. ``("core", CORE_KEYS)``, ``("fedeagd", ...)``;
-        ``checks`` run on all values after each key's own check (the first one before them)."""
+        ``checks`` run on all values after each key's own check (the first one before them);
+        ``owners_read``: the sections whose keys a run with given values reads (None: all)."""
+        self.owners_read = owners_read
         self.sections = tuple((owner, tuple(keys)) for owner, keys in sections)
         self.keys: tuple[Key, ...] = tuple(key for _, keys in self.sections for key in keys)
         self.by_name: dict[str, Key] = {}
@@ -255,6 +262,19 @@ class Schema:
     def defaults(self) -> dict[str, Value]:
         """Every key with its default."""
         return {k.name: k.default for k in self.keys}
+
+    def fingerprint_defaults(self) -> dict[str, Value]:
+        """Every key with the default the experiment fingerprint compares with: its first default where it
+        has changed (:attr:`Key.first_default`), else its default."""
+        return {k.name: k.default if k.first_default is None else k.first_default for k in self.keys}
+
+    def unread_keys(self, values: Mapping[str, Value]) -> frozenset[str]:
+        """The keys a run with ``values`` does not read: those of the sections ``owners_read`` leaves out
+        (another method's, an extension's while it is off); none where the schema has no ``owners_read``."""
+        if self.owners_read is None:
+            return frozenset()
+        read = self.owners_read(values)
+        return frozenset(name for name, owner in self.owner_of.items() if owner not in read)
 
     def suggest(self, name: str) -> str:
         """`` (did you mean 'x'?)`` for the closest key name, or ''."""
@@ -386,8 +406,17 @@ class Config(Mapping[str, Value]):
         return self._schema.build(changes, base=self._values)
 
     def defaults(self) -> dict[str, Value]:
-        """Every key of this config's schema with its default (what the experiment fingerprint compares with)."""
+        """Every key of this config's schema with its default."""
         return self._schema.defaults()
+
+    def fingerprint_defaults(self) -> dict[str, Value]:
+        """Every key of this config's schema with what the experiment fingerprint compares it with
+        (:meth:`Schema.fingerprint_defaults`)."""
+        return self._schema.fingerprint_defaults()
+
+    def unread_keys(self) -> frozenset[str]:
+        """The keys this run does not read (:meth:`Schema.unread_keys`)."""
+        return self._schema.unread_keys(self._values)
 
     def to_dict(self) -> dict[str, Value]:
         """Plain dict of every key (JSON/TOML/Flower run-config compatible)."""

@@ -50,9 +50,16 @@ def state_dir_of(node_config: Mapping[str, Any], client_state_dir: str) -> str:
 
 
 def config_fingerprint(config: Config) -> str:
-    """Short hash of the experiment-defining part of a config: the keys that differ from the defaults of
-    its schema, less the run mechanics (so keys added to the schema later, with defaults, change nothing)."""
-    items = {k: v for k, v in sorted(config.changed().items()) if k not in MECHANICS_KEYS}
+    """Short hash of the experiment-defining part of a config: the keys the run reads that differ from the
+    defaults of its schema, less the run mechanics (so keys added to the schema later, with defaults, change
+    nothing). A key whose default has changed is compared with its first default, so that state saved before
+    the change is found by the runs that pin the values it was made with, and refused to the others; another
+    method's keys are not read, so that a change of its defaults, or a study pinning them for every row,
+    leaves this run's state usable."""
+    reference = config.fingerprint_defaults()
+    unread = MECHANICS_KEYS | config.unread_keys()
+    items = {k: v for k, v in sorted(config.to_dict().items())
+             if k not in unread and (k not in reference or v != reference[k])}
     return hashlib.sha256(json.dumps(items, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

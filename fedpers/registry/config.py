@@ -55,7 +55,13 @@ def full_schema() -> Schema:
     sections = [("core", CORE_KEYS)]
     sections += [(spec.name, spec.own_keys()) for spec in METHODS.values() if spec.keys]
     sections += [(ext.name, ext.own_keys()) for ext in EXTENSIONS if ext.keys]
-    return Schema(tuple(sections), checks=METHOD_CHECKS)
+    return Schema(tuple(sections), checks=METHOD_CHECKS, owners_read=owners_read)
+
+
+def owners_read(values: Mapping[str, Value]) -> set[str]:
+    """The key table's sections a run with ``values`` reads: the core's, its method's and those of the
+    extensions it switches on."""
+    return {"core", str(values["method"])} | {ext.name for ext in EXTENSIONS if ext.applies(values)}
 
 
 def all_keys() -> tuple[Key, ...]:
@@ -90,15 +96,18 @@ def build_config(overrides: Mapping[str, Any], base: Mapping[str, Value] | None 
     return full_schema().build(overrides, base)
 
 
-def ignored_keys(cfg: Config, given: Iterable[str]) -> list[str]:
-    """Those of ``given`` (keys a user set) that the run ignores, each as ``"key (owner)"``: another
-    method's own keys (``ditto_lambda`` on a FedAvg run) and an extension's while it is off (its switch
-    aside)."""
-    schema = full_schema()
-    active = {"core", str(cfg.method)} | {ext.name for ext in EXTENSIONS if ext.applies(cfg)}
+def ignored_key_names(cfg: Config, given: Iterable[str]) -> list[str]:
+    """Those of ``given`` that the run ignores: another method's own keys (``ditto_lambda`` on a FedAvg
+    run) and an extension's while it is off (its switch aside)."""
+    unread = cfg.unread_keys()
     switches = {ext.name for ext in EXTENSIONS}
-    return [f"{name} ({schema.owner_of[name]})" for name in given
-            if name in schema.owner_of and schema.owner_of[name] not in active and name not in switches]
+    return [name for name in given if name in unread and name not in switches]
+
+
+def ignored_keys(cfg: Config, given: Iterable[str]) -> list[str]:
+    """:func:`ignored_key_names` of ``given`` (keys a user set), each as ``"key (owner)"``."""
+    schema = full_schema()
+    return [f"{name} ({schema.owner_of[name]})" for name in ignored_key_names(cfg, given)]
 
 
 def load_config(path: str | Path | None = None, sets: list[str] | None = None, *,
