@@ -383,6 +383,13 @@ def test_a_finished_run_made_with_other_values_than_its_plan_is_refused_by_sweep
     assert [r.run_dir for r in planned_sweep(tmp_path, pinned, out)] == [r.run_dir for r in plan(load_sweep(tmp_path / "s.yaml"), out)]
     assert run_sweep(load_sweep(tmp_path / "s.yaml"), out) == []  # every run finished: nothing to run
     assert out / "table.md" in report(out)
+    # a plan written before a key was renamed: one line naming the run, not a traceback
+    plan_json = json.loads((out / "sweep.json").read_text())
+    plan_json["runs"][0]["overrides"]["recal_epoch"] = 3
+    (out / "sweep.json").write_text(json.dumps(plan_json))
+    with pytest.raises(ConfigError, match=r"report: the plan of .*/seed0 is not a valid config today \(unknown "
+                                          r"config key 'recal_epoch' \(did you mean 'recal_epochs'\?\)\)"):
+        report(out)
 
 
 def test_recorded_differences_reads_a_key_not_recorded_as_its_default(tmp_path):

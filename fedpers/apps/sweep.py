@@ -384,7 +384,11 @@ def check_finished_runs(runs: list[PlannedRun], who: str) -> None:
             continue  # a torn or foreign file: the report's own check names it
         if not isinstance(recorded, dict):
             continue
-        differ = recorded_differences(run, recorded)
+        try:
+            differ = recorded_differences(run, recorded)
+        except ConfigError as exc:  # a plan written before a key was renamed or removed
+            raise ConfigError(f"{who}: the plan of {run.run_dir} is not a valid config today ({exc}); "
+                              "run `fedpers sweep` with its study file again to rewrite the plan") from None
         if differ:
             listed = ", ".join(f"{k} {shown(a)} (plan: {shown(b)})" for k, (a, b) in sorted(differ.items()))
             raise ConfigError(f"{who}: {path} was made with {listed}; pin the values it was made with in the "
