@@ -196,6 +196,26 @@ def test_fine_tune_copies_after_e_epochs_of_a_longer_run_are_exactly_e_epoch_fin
         parse_epoch_list("1,x")
 
 
+def test_fine_tune_copies_on_epoch_sees_each_epochs_model_and_loss_without_changing_the_fine_tuning():
+    """The diagnostic hook (benchmarks/fedbabu_finetune_trace.py): epochs 1..E in order, the model after
+    each (a 2-epoch copy's arrays at e=2), the epoch's mean loss, and the same copies as without it."""
+    from fedpers.algorithms.fedbabu import fine_tune_copies
+    from fedpers.core.training import evaluate
+
+    model = TinyNet()
+    x, y = toy_data()
+    seen = []
+    traced = fine_tune_copies(model, x, y, epochs=[3], lr=0.1, batch_size=16, generator=torch.Generator().manual_seed(0),
+                              on_epoch=lambda e, m, loss: seen.append((e, get_arrays(m, "all"), loss,
+                                                                       evaluate(m, x, y)[1])))
+    plain = fine_tune_copies(model, x, y, epochs=[2, 3], lr=0.1, batch_size=16, generator=torch.Generator().manual_seed(0))
+    assert [e for e, *_ in seen] == [1, 2, 3]
+    assert arrays_equal(seen[1][1], get_arrays(plain[2], "all"))
+    assert arrays_equal(get_arrays(traced[3], "all"), get_arrays(plain[3], "all"))
+    # the loss an epoch reports is its mini-batches' mean while training: above the loss after it, here
+    assert all(loss > after for _, _, loss, after in seen)
+
+
 # --- clients: each method's defining computation --------------------------------------------------------
 def test_fedrep_head_epochs_train_only_the_head_and_body_epochs_only_the_body():
     cfg = tiny_cfg("fedrep", fedrep_head_epochs=2)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -39,10 +39,12 @@ def fine_tune_copy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs
 
 def fine_tune_copies(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: Sequence[int], lr: float,
                      batch_size: int, generator: torch.Generator, momentum: float = 0.0,
-                     weight_decay: float = 0.0) -> dict[int, nn.Module]:
+                     weight_decay: float = 0.0,
+                     on_epoch: Callable[[int, nn.Module, float], None] | None = None) -> dict[int, nn.Module]:
     """FedBABU's fine-tuning (:func:`fine_tune_copy`) at several epoch counts from one run: ``{e: the copy
     after e epochs}`` for every ``e`` in ``epochs``. Epochs run one at a time with one optimizer and one
-    generator, so the copy after e epochs is exactly the one an e-epoch fine-tuning gives."""
+    generator, so the copy after e epochs is exactly the one an e-epoch fine-tuning gives. ``on_epoch(e,
+    model, mean_loss)``, when given, sees the model after each epoch e (diagnostics: it must not change it)."""
     tuned = copy.deepcopy(model)
     for p in tuned.parameters():
         p.requires_grad_(True)
@@ -51,8 +53,10 @@ def fine_tune_copies(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epoc
     if max(wanted, default=0) > 0 and len(x) > 0:
         opt = sgd(tuned.parameters(), lr, momentum, weight_decay)
         for done in range(1, max(wanted) + 1):
-            train_epochs(tuned, x, y, epochs=1, batch_size=batch_size, optimizer=opt,
-                         batch_loss=lambda xb, yb: F.cross_entropy(tuned(xb), yb), generator=generator)
+            loss = train_epochs(tuned, x, y, epochs=1, batch_size=batch_size, optimizer=opt,
+                                batch_loss=lambda xb, yb: F.cross_entropy(tuned(xb), yb), generator=generator)
+            if on_epoch is not None:
+                on_epoch(done, tuned, loss)
             if done in wanted:
                 copies[done] = copy.deepcopy(tuned) if done < max(wanted) else tuned
     for e in wanted:  # no data to fine-tune on: the model as it is
