@@ -91,6 +91,24 @@ def test_without_per_client_values_seeds_are_paired_and_one_seed_gives_no_interv
     assert got["verdict"] == "holds" and "one_seed" not in got and got["n"] == 3
 
 
+def test_the_clients_that_carry_a_paired_difference_are_named_with_their_test_sizes(tmp_path):
+    """One client of 4 test samples 25 points down (one sample) and the rest level: it is named first, with
+    its size, and the mean without it is 0; the rest follow by |difference|, seed, then client number."""
+    split = {**SPLIT, "client_label_counts": {str(c): {"train": [9], "test": [n]} for c, n in
+                                              enumerate([40, 40, 4, 40, 40, 40, 40, 40, 40, 40, 40, 40])}}
+    base = [0.9] * 12
+    runs = [make_run(tmp_path, "A", 0, [0.9] * 2 + [0.65] + [0.9] * 7 + [0.925, 0.9], split=split),
+            make_run(tmp_path, "B", 0, base, split=split)]
+    got = verdicts(tmp_path, ["A", "B"], runs, [{"id": "x", "order": ["A", "B"]}])["x"]
+    c = got["comparisons"][0]
+    assert [(x["seed"], x["client"], x["test_samples"]) for x in c["largest"]] == [(0, "2", 4), (0, "10", 40), (0, "0", 40)]
+    assert [x["diff"] for x in c["largest"]] == pytest.approx([-25.0, 2.5, 0.0])
+    assert c["diff"] == pytest.approx(-22.5 / 12) and c["mean_without_largest"] == pytest.approx(2.5 / 11)
+    assert ("  - largest per-client differences: seed 0 client 2 (4 test samples) -25.00; seed 0 client 10 "
+            "(40 test samples) +2.50; seed 0 client 0 (40 test samples) +0.00; the mean without the first: +0.23"
+            ) in (tmp_path / "claims.md").read_text()
+
+
 def test_runs_on_other_splits_are_not_paired_per_client(tmp_path):
     other = {**SPLIT, "client_train_sizes": [4, 6, 5, 5]}
     runs = [make_run(tmp_path, "A", 0, [0.95, 0.95]), make_run(tmp_path, "B", 0, [0.90, 0.90], split=other)]

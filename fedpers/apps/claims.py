@@ -42,6 +42,7 @@ FORMS = ("order", "delta", "within")
 CLAIM_VALUES = ("final", "best", "last5")
 SUMMARY_VALUE = {"final": "final", "best": "best", "last5": "mean_last_5_evaluated"}
 CONFIDENCE = 0.95
+LARGEST_SHOWN = 3  # per-client differences named under each paired comparison
 PER_CLIENT_METRIC = "personalized_macro_acc"  # the metric whose per-client values per_client_acc holds
 
 
@@ -206,10 +207,17 @@ def compare(a: dict[int, RowRun], b: dict[int, RowRun]) -> dict[str, Any]:
     result["diff"] = float(np.mean([a[s].value - b[s].value for s in seeds]))
     per_client = all(a[s].per_client and b[s].per_client and _same_split(a[s].summary, b[s].summary) for s in seeds)
     if per_client:
-        diffs = [a[s].per_client[c] - b[s].per_client[c] for s in seeds
-                 for c in sorted(set(a[s].per_client) & set(b[s].per_client))]
+        keyed = [(s, c, a[s].per_client[c] - b[s].per_client[c]) for s in seeds
+                 for c in sorted(set(a[s].per_client) & set(b[s].per_client), key=_client_order)]
+        diffs = [d for _, _, d in keyed]
         result.update(paired="clients", pairs=len(diffs), higher=int(sum(d > 1e-9 for d in diffs)),
                       lower=int(sum(d < -1e-9 for d in diffs)))
+        # which clients carry the mean: a client of 4 test samples moves by 25 points per sample
+        ranked = sorted(keyed, key=lambda k: (-abs(k[2]), k[0], _client_order(k[1])))
+        result["largest"] = [{"seed": s, "client": c, "diff": d, "test_samples": _test_samples(a[s].summary, c)}
+                             for s, c, d in ranked[:LARGEST_SHOWN]]
+        if len(diffs) > 1:
+            result["mean_without_largest"] = float(np.mean([d for _, _, d in ranked[1:]]))
         found = interval(diffs)
     else:
         result.update(paired="seeds", pairs=len(seeds))
@@ -217,6 +225,16 @@ def compare(a: dict[int, RowRun], b: dict[int, RowRun]) -> dict[str, Any]:
     if found is not None:
         result["mean"], result["low"], result["high"] = found
     return result
+
+
+def _client_order(client: str) -> tuple[int, str]:
+    return (int(client), "") if client.isdigit() else (10**9, client)
+
+
+def _test_samples(summary: dict[str, Any], client: str) -> int | None:
+    """The client's test-split size, from the run's ``client_label_counts`` (None if not recorded)."""
+    counts = summary.get("client_label_counts", {}).get(client, {}).get("test")
+    return int(sum(counts)) if counts is not None else None
 
 
 def side_of_zero(comparison: dict[str, Any]) -> str:
@@ -325,6 +343,13 @@ def claims_markdown(results: list[dict[str, Any]], study: str) -> str:
                    else "one seed and no per-client values to pair")
             lines.append("")
             lines.append(f"- {c['a']} − {c['b']}: {c['diff']:+.2f} points; {span}; {how}: **{c['verdict']}**")
+            if c.get("largest"):
+                shown = "; ".join(f"seed {x['seed']} client {x['client']}"
+                                  + (f" ({x['test_samples']} test samples)" if x["test_samples"] is not None else "")
+                                  + f" {x['diff']:+.2f}" for x in c["largest"])
+                without = (f"; the mean without the first: {c['mean_without_largest']:+.2f}"
+                           if "mean_without_largest" in c else "")
+                lines.append(f"  - largest per-client differences: {shown}{without}")
         if r["form"] == "delta" and r.get("paper_delta") is not None:
             inside = r.get("paper_delta_inside")
             lines.append(f"- the paper's difference: {r['paper_delta']:+.2f}"
