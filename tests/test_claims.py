@@ -150,6 +150,22 @@ def test_a_row_that_has_not_run_is_not_run_not_a_failure(tmp_path):
     assert "| [x](#x) | not run | 0 |" in (tmp_path / "claims.md").read_text()
 
 
+def test_within_judges_the_cells_that_ran_and_one_outside_fails_it_before_the_rest_run(tmp_path):
+    paper = {"A": {"mnist_a0.05": 90.0}, "B": {"mnist_a0.05": 90.0}, "C": {"mnist_a0.05": 90.0}}
+    near = [make_run(tmp_path / "near", "A", s, [v]) for s, v in enumerate([0.900, 0.905, 0.895])]
+    got = verdicts(tmp_path / "near", ["A", "B"], near, [{"id": "w", "within": {"rows": ["A", "B"], "tolerance": 1.5}}],
+                   paper)["w"]
+    assert got["verdict"] == "not run" and got["cells"]["A"]["verdict"] == "holds" and got["n"] == 3
+    assert "verdict" not in got["cells"]["B"] and got["why"] == "no finished run of B"
+    far = near + [make_run(tmp_path / "near", "C", 0, [0.80])]  # 10 points below, one seed
+    got = verdicts(tmp_path / "near", ["A", "B", "C"], far,
+                   [{"id": "w", "within": {"rows": ["A", "B", "C"], "tolerance": 1.5}}], paper)["w"]
+    assert got["verdict"] == "fails" and got["cells"]["C"]["verdict"] == "fails" and got["one_seed"]
+    assert got["why"] == "decided by the cells that ran; no finished run of B"
+    assert "**Verdict: fails, one seed** (decided by the cells that ran; no finished run of B)" in (
+        tmp_path / "near" / "claims.md").read_text()
+
+
 @pytest.mark.parametrize("claim, words", [
     ({"order": ["A", "B"]}, "non-empty 'id'"),
     ({"id": "x"}, "exactly one of order, delta, within"),

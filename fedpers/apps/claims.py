@@ -261,8 +261,9 @@ def judge(claim: Claim, rows: dict[str, dict[int, RowRun]], paper: dict[str, dic
     not_run = [label for label in claim.rows if not rows.get(label)]
     n = min(cell["n"] for cell in out["cells"].values())
     out["n"] = n
-    if not_run:
-        out.update(verdict="not run", why=f"no finished run of {', '.join(not_run)}")
+    why_not_run = f"no finished run of {', '.join(not_run)}"
+    if not_run and claim.form != "within":
+        out.update(verdict="not run", why=why_not_run)
         return out
     if claim.form in ("order", "delta"):
         # order: every row above every later one (not only the next: a chain of undecided steps can hide a
@@ -281,9 +282,12 @@ def judge(claim: Claim, rows: dict[str, dict[int, RowRun]], paper: dict[str, dic
             c["verdict"] = v
         out["verdict"] = "fails" if "fails" in verdicts else "holds" if all(v == "holds" for v in verdicts) else "undecided"
     else:
+        # each cell that has run is judged: one outside the tolerance fails the claim before the rest run
         tol = float(claim.tolerance or 0.0)
         verdicts = []
         for label in claim.rows:
+            if label in not_run:
+                continue
             cell = out["cells"][label]
             values = [r.value for r in rows[label].values()]
             lo_ok, hi_ok = cell["paper"] - tol, cell["paper"] + tol
@@ -294,7 +298,12 @@ def judge(claim: Claim, rows: dict[str, dict[int, RowRun]], paper: dict[str, dic
                  "fails" if high < lo_ok or low > hi_ok else "undecided")
             cell["verdict"] = v
             verdicts.append(v)
-        out["verdict"] = "fails" if "fails" in verdicts else "holds" if all(v == "holds" for v in verdicts) else "undecided"
+        out["verdict"] = ("fails" if "fails" in verdicts else "not run" if not_run else
+                          "holds" if all(v == "holds" for v in verdicts) else "undecided")
+        if not_run:
+            out["why"] = why_not_run if out["verdict"] == "not run" else f"decided by the cells that ran; {why_not_run}"
+            n = min(cell["n"] for label, cell in out["cells"].items() if label not in not_run) if verdicts else 0
+            out["n"] = n
     if n == 1:
         out["one_seed"] = True
     return out
