@@ -564,6 +564,42 @@ def test_a_sweeps_base_may_carry_other_methods_keys_but_a_rows_own_set_is_warned
         "fedpers: warning: method fedper ignores fedeagd_ema_decay (fedeagd)"]}
 
 
+def test_a_sweep_on_the_inprocess_engine_runs_without_ray_and_ends_where_that_engine_ends(tmp_path):
+    """``--engine inprocess`` reaches every run of a sweep: with a ``ray`` that cannot be imported first on
+    the path the runs still finish, and each ends with the final metrics of the in-process engine run
+    directly on the same config (persistent heads and pFedKDH's server state included)."""
+    from fedpers.apps.inprocess import run_in_process
+    from fedpers.apps.sweep import load_sweep, plan
+    from fedpers.core.results import read_summary
+    from fedpers.registry.config import build_config
+
+    blocked = tmp_path / "no_ray"
+    blocked.mkdir()
+    (blocked / "ray.py").write_text("raise ImportError('ray is blocked by this test')\n")
+    base = ", ".join(f"{k}: {v}" for k, v in (item.split("=") for item in TINY if not item.startswith("method=")))
+    sweep_file = tmp_path / "s.yaml"
+    sweep_file.write_text(f"base: {{rounds: 2, {base}}}\ndatasets: [digits]\nalphas: [1.0]\nseeds: [0]\n"
+                          "methods: [fedper, pfedkdh]\n")
+    out = tmp_path / "sweep"
+    proc = subprocess.run([sys.executable, "-m", "fedpers", "sweep", str(sweep_file), "--out", str(out), "--engine",
+                           "inprocess"], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env={**ENV, "PYTHONPATH": os.pathsep.join([str(blocked), str(ROOT)])})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = plan(load_sweep(sweep_file), out)
+    assert [r.run_key for r in runs] == ["fedper", "pfedkdh"]
+    for run in runs:
+        direct = tmp_path / "direct" / run.run_key
+        run_in_process(build_config({**run.overrides, "out_dir": str(direct)}))
+        swept = read_summary(run.run_dir)
+        assert swept["rounds"] == 2 and swept["final"] == read_summary(direct)["final"], run.run_key
+        assert swept["final"]["personalized_macro_acc"] > 0
+
+
+def test_the_inprocess_engine_refuses_a_ray_cluster_address(tmp_path):
+    one_error_line(fedpers("run", *sets("rounds=1", "ray_address=127.0.0.1:6379"), "--out", str(tmp_path / "o"),
+                           "--engine", "inprocess"), "'ray_address'", "--engine inprocess runs without Ray")
+
+
 def _fake_sweep(tmp_path: Path) -> tuple[Path, Path]:
     """A sweep directory (its sweep.json written by the real CLI) with one finished run written here."""
     sweep = tmp_path / "s.yaml"

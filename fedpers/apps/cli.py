@@ -1,6 +1,7 @@
 """``fedpers`` command line.
 
     fedpers run CONFIG.yaml [--set key=value ...] [--out DIR]   one experiment in Flower's Ray simulation
+                                                                (--engine inprocess: the same, without Ray)
     fedpers config [CONFIG.yaml] [--set key=value ...]          print the resolved, validated config
     fedpers methods                                             list the registered methods
     fedpers sweep SWEEP.yaml --out DIR                          methods x datasets x alpha x seeds, resumable
@@ -31,6 +32,11 @@ from fedpers.core.errors import STOP_REQUESTED, EngineError, FedpersError, Inter
 from fedpers.apps.processes import kill_own_tree, own_tree  # no import inside the signal handler
 
 
+ENGINES = ("ray", "inprocess")
+ENGINE_HELP = ("ray (default): Flower's Ray simulation engine; inprocess: the same round loop and clients in this "
+               "one process, one client at a time, without Ray (no Ray start-up; a machine without Ray)")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedpers", description="Personalized federated learning on Flower.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -46,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="replace the run already in --out (without it such a directory is refused)")
     run.add_argument("--verbose", action="store_true", help="show Flower's and Ray's logs")
     run.add_argument("--tensorboard", action="store_true", help="also write TensorBoard events to OUT/tensorboard")
+    run.add_argument("--engine", choices=ENGINES, default="ray", help=ENGINE_HELP)
     sweep = sub.add_parser("sweep", help="run methods x datasets x alpha x seeds (resumable)")
     sweep.add_argument("sweep", help="sweep YAML file (see fedpers/apps/sweep.py)")
     sweep.add_argument("--out", required=True, help="sweep directory")
@@ -54,6 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--report-only", action="store_true",
                        help="write sweep.json from the file (rows, paper numbers, claims) and the report of the "
                             "runs already finished in --out; run nothing")
+    sweep.add_argument("--engine", choices=ENGINES, default="ray", help=ENGINE_HELP + " (for every run)")
     sweep.add_argument("--jobs", type=int, default=1,
                        help="runs at a time (default 1): one per GPU with CUDA_VISIBLE_DEVICES, else sharing the CPUs")
     sweep.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
@@ -201,8 +209,13 @@ def check_memory(cfg: Config, fed) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     """Run one experiment and print where its results are."""
     cfg = resolve(args)
-    preflight(cfg)
+    in_process = args.engine == "inprocess"
+    if in_process and cfg.ray_address:
+        raise FedpersError(f"config key 'ray_address' names a Ray cluster ({cfg.ray_address}), but --engine "
+                           "inprocess runs without Ray: drop one of them")
+    preflight(cfg, simulation=not in_process)
     from fedpers.core.results import read_summary
+    from fedpers.apps.inprocess import run_in_process
     from fedpers.apps.simulation import run_simulation
 
     from fedpers.core.rundir import RunLock
@@ -210,7 +223,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     with RunLock(cfg.out_dir):
         try:
-            run_simulation(cfg, verbose=args.verbose)
+            if in_process:
+                run_in_process(cfg)
+            else:
+                run_simulation(cfg, verbose=args.verbose)
         except FedpersError:
             raise
         except Exception as exc:  # noqa: BLE001 - whatever the engine raises ends the command in one line
@@ -271,7 +287,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             write_plan(sweep, args.out)
             failed = []
         else:
-            failed = run_sweep(sweep, args.out, tensorboard=args.tensorboard, jobs=args.jobs)
+            failed = run_sweep(sweep, args.out, tensorboard=args.tensorboard, jobs=args.jobs, engine=args.engine)
     for path in report(args.out):
         print(f"sweep | wrote {path}")
     return 1 if failed else 0

@@ -459,22 +459,24 @@ def resumable(run_dir: str | Path) -> dict[str, Any]:
             "resume": True}
 
 
-def run_command(sweep: Sweep, run: PlannedRun, *, tensorboard: bool = False) -> list[str]:
+def run_command(sweep: Sweep, run: PlannedRun, *, tensorboard: bool = False, engine: str = "ray") -> list[str]:
     """The ``fedpers run`` command line of one planned run. Every value is passed as JSON, read back as
     exactly this value: no character (a '#' in a path, a ': ', quotes) can change its meaning or its type.
     A key that the sweep's ``base`` gives every row goes with ``--shared``, the others with ``--set``: the
-    run warns about another method's keys only when they were given for its own row."""
+    run warns about another method's keys only when they were given for its own row. ``engine`` is the
+    run's ``--engine`` (``ray`` or ``inprocess``)."""
     cmd = [sys.executable, "-m", "fedpers", "run"]
     for key, value in {**run.overrides, **resumable(run.run_dir), "tensorboard": tensorboard}.items():
         option = "--shared" if key in sweep.base and sweep.base[key] == value else "--set"
         cmd += [option, f"{key}={json.dumps(value)}"]
-    return cmd
+    return cmd if engine == "ray" else [*cmd, "--engine", engine]
 
 
-def run_sweep(sweep: Sweep, out: str | Path, *, tensorboard: bool = False, jobs: int = 1) -> list[PlannedRun]:
+def run_sweep(sweep: Sweep, out: str | Path, *, tensorboard: bool = False, jobs: int = 1,
+              engine: str = "ray") -> list[PlannedRun]:
     """Run every planned run that has no ``summary.json`` yet, each as its own ``fedpers run`` process
-    (so a failing run cannot take the sweep down), ``jobs`` at a time (see :func:`job_environments`).
-    Returns the runs that failed."""
+    (so a failing run cannot take the sweep down), ``jobs`` at a time (see :func:`job_environments`), each
+    on ``engine``. Returns the runs that failed."""
     if jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
     runs = plan(sweep, out)
@@ -484,7 +486,8 @@ def run_sweep(sweep: Sweep, out: str | Path, *, tensorboard: bool = False, jobs:
     print(f"sweep | {len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to run -> {out}"
           + (f", {jobs} at a time" if jobs > 1 else ""), flush=True)
     slots = job_environments(jobs)
-    commands = [(run_command(sweep, run, tensorboard=tensorboard), slots[i % jobs]) for i, run in enumerate(todo)]
+    commands = [(run_command(sweep, run, tensorboard=tensorboard, engine=engine), slots[i % jobs])
+                for i, run in enumerate(todo)]
     started = time.perf_counter()
     finished = [0]
 
