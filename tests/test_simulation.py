@@ -132,7 +132,7 @@ def test_two_thousand_clients_train_and_evaluate_only_their_samples(tmp_path):
 @pytest.mark.parametrize("method", ["fedeagd", "pfedkdh"])
 def test_the_inprocess_engine_gives_the_simulations_run(method, tmp_path):
     """``--engine inprocess`` is the same experiment as Flower's Ray simulation: same clients sampled, same
-    per-client accuracies and losses every round, for methods whose clients keep state between rounds (EMA
+    per-client accuracies every round and the same losses to float precision, for methods whose clients keep state between rounds (EMA
     teachers and residuals; private heads and the server's recalibrated teacher head)."""
     from fedpers.apps.inprocess import run_in_process
 
@@ -142,5 +142,7 @@ def test_the_inprocess_engine_gives_the_simulations_run(method, tmp_path):
     ray_rounds, own_rounds = read_metrics(tmp_path / "ray"), read_metrics(tmp_path / "inprocess")
     assert [r["fit_clients"] for r in own_rounds] == [r["fit_clients"] for r in ray_rounds]
     assert [r["per_client_acc"] for r in own_rounds] == [r["per_client_acc"] for r in ray_rounds]
-    assert [r["train_loss"] for r in own_rounds] == [r["train_loss"] for r in ray_rounds]
+    # a Ray client actor runs torch on 1 thread, this process on all cores: sums of another order, so the
+    # losses agree to float precision (exactly, with OMP_NUM_THREADS=1 everywhere)
+    assert [r["train_loss"] for r in own_rounds] == pytest.approx([r["train_loss"] for r in ray_rounds], rel=1e-6)
     assert read_summary(tmp_path / "inprocess")["final"] == read_summary(tmp_path / "ray")["final"]
