@@ -132,8 +132,9 @@ def test_two_thousand_clients_train_and_evaluate_only_their_samples(tmp_path):
 @pytest.mark.parametrize("method", ["fedeagd", "pfedkdh"])
 def test_the_inprocess_engine_gives_the_simulations_run(method, tmp_path):
     """``--engine inprocess`` is the same experiment as Flower's Ray simulation: same clients sampled, same
-    per-client accuracies every round and the same losses to float precision, for methods whose clients keep state between rounds (EMA
-    teachers and residuals; private heads and the server's recalibrated teacher head)."""
+    per-client accuracies every round and the same losses to float precision, for methods whose clients
+    keep state between rounds (EMA teachers and residuals; private heads and the server's recalibrated
+    teacher head)."""
     from fedpers.apps.inprocess import run_in_process
 
     base = tiny_overrides(method=method, variant="ea", fraction_fit=0.67, fedeagd_fusion_start=1, fedeagd_fusion_ramp=1)
