@@ -195,8 +195,12 @@ def test_report_versus_pairs_clients_of_the_same_split(tmp_path):
     versus = (out / "versus.md").read_text()
     # last round: +10 and -5 -> +2.50 ± 7.50 (std 10.61 / sqrt 2); last 5 rounds (2-6): +2 and -5 -> -1.50 ± 3.50
     assert "| pFedKDH-EA | digits α=0.5 | 0 | 2 | 6 | +2.50 | 7.50 | 1/1/0 | 2-6 | -1.50 | 3.50 | 1/1/0 |" in versus
-    assert versus.count("| pFedKDH-EA |") == 4  # 2 alphas x 2 seeds
+    assert versus.count("| pFedKDH-EA |") == 4 + 2  # 2 alphas x 2 seeds, then one pooled line per alpha
     assert "| pFedKDH-Fair |" not in versus  # reads another metric of EA's run: no per-client values of its own
+    # pooled over seeds 0 and 1 at the final round: +10, -5, +10, -5 -> mean +2.50, SE 8.66 / 2 = 4.33,
+    # t(0.975, 3) = 3.182 -> +2.50 ± 13.78
+    assert ("| pFedKDH-EA | digits α=0.5 | 0, 1 | 4 client pairs | +2.50 | -11.28 to +16.28 | 2/2 |"
+            in versus)
     with pytest.raises(ConfigError, match="--versus 'FedAvg' is not a row of the sweep"):
         report(out, versus="FedAvg")
     with pytest.raises(ConfigError, match="'pFedKDH-Fair' reads metric 'personalized_macro_acc_fair'"):

@@ -13,7 +13,8 @@
 * ``versus.md`` (``--versus LABEL``): every other row against row LABEL, paired over the clients of the same
   split (same seed, same clients' label counts and ``aux_size``; other runs are listed as not paired): the
   difference of the per-client accuracies at the last common round and averaged over
-  the last 5 common evaluated rounds, its standard error over clients and the clients higher / lower / equal.
+  the last 5 common evaluated rounds, its standard error over clients and the clients higher / lower / equal;
+  then each row pooled over the seeds at the final round with the claims' 95 % interval.
   One seed's split cannot show the seed-to-seed spread; this says whether a gap is consistent across clients
   or rests on a few of them (e.g. a client with 6 test samples moves a 20-client macro mean by 0.83 points
   per sample).
@@ -349,6 +350,7 @@ def versus_text(sweep: Sweep, runs: list[PlannedRun], reference: str) -> str:
                 lines.append(f"| {m.label} | {dataset_tag(d)} α={a:g} | {seed} | {at_last.get('clients', 0)} | "
                              f"{last} | {cell(at_last)} | {last5[0]}-{last5[-1]} | {cell(over5)} |")
                 per_round.append((f"{m.label}, {dataset_tag(d)} α={a:g}, seed {seed}", ours, ref, common))
+    lines += pooled_versus_lines(sweep, runs, reference)
     # every common evaluated round: where along training a gap opens or closes
     lines += ["", f"## Every common evaluated round (row - {reference}; diff ± SE, clients higher/lower/equal)"]
     for title, ours, ref, common in per_round:
@@ -360,6 +362,44 @@ def versus_text(sweep: Sweep, runs: list[PlannedRun], reference: str) -> str:
                          f"{100 * np.mean(list(ref[rnd].values())):.2f} | {result['diff']:+.2f} ± {result['se']:.2f} | "
                          f"{result['higher']}/{result['lower']}/{result['equal']} |")
     return "\n".join(lines) + "\n"
+
+
+def pooled_versus_lines(sweep: Sweep, runs: list[PlannedRun], reference: str) -> list[str]:
+    """versus.md's pooled section: each row minus ``reference`` in personalized macro accuracy at the final
+    round, pooled over the seeds both finished, with the 95 % Student's t interval of the claims (:func:`fedpers.apps.claims.compare`: paired
+    per client over seeds and clients where every seed's two runs share a split, else paired over seeds)."""
+    from fedpers.apps.claims import PER_CLIENT_METRIC, compare, row_runs
+
+    entries = {m.label: m for m in sweep.methods}
+    lines = ["", f"## Pooled over seeds (row - {reference}, final round, 95 % Student's t interval)", "",
+             "| method | split | seeds | paired over | diff | 95 % | higher/lower |", "|---|---|---|---|---|---|---|"]
+    for d, a in _columns(sweep):
+        def finished(entry: MethodEntry) -> dict:
+            dirs = {r.seed: r.run_dir for r in _runs_for(entry, d, a, runs)}
+            # the metric behind per_client_acc for every row, as in the per-seed table above (FedAvg's
+            # headline is its global accuracy, whose clients are not recorded)
+            return row_runs(dirs, PER_CLIENT_METRIC, None, "final")
+
+        ref = finished(entries[reference])
+        compared = {entries[reference].run_key}
+        for m in sweep.methods:
+            if m.run_key in compared or not _reads_per_client(m):
+                continue
+            compared.add(m.run_key)
+            result = compare(finished(m), ref)
+            if not result["n"]:
+                continue
+            seeds = ", ".join(str(s) for s in result["seeds"])
+            span = f"{result['low']:+.2f} to {result['high']:+.2f}" if "low" in result else "–"
+            if result["paired"] == "clients":
+                over, counts = f"{result['pairs']} client pairs", f"{result['higher']}/{result['lower']}"
+            else:
+                over, counts = f"{result['pairs']} seeds", "–"
+            # the mean the interval is about: of the per-client differences, or of the seeds' differences
+            lines.append(f"| {m.label} | {dataset_tag(d)} α={a:g} | {seeds} | {over} | "
+                         f"{result.get('mean', result['diff']):+.2f} | "
+                         f"{span} | {counts} |")
+    return lines
 
 
 def write_study_claims(sweep: Sweep, runs: list[PlannedRun], out: Path) -> list[Path]:
