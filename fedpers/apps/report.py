@@ -366,8 +366,9 @@ def versus_text(sweep: Sweep, runs: list[PlannedRun], reference: str) -> str:
 
 def pooled_versus_lines(sweep: Sweep, runs: list[PlannedRun], reference: str) -> list[str]:
     """versus.md's pooled section: each row minus ``reference`` in personalized macro accuracy at the final
-    round, pooled over the seeds both finished, with the 95 % Student's t interval of the claims (:func:`fedpers.apps.claims.compare`: paired
-    per client over seeds and clients where every seed's two runs share a split, else paired over seeds)."""
+    round, pooled over the seeds both finished, with the 95 % Student's t interval of the claims
+    (:func:`fedpers.apps.claims.compare`: paired per client over seeds and clients where every seed's two
+    runs share a split, else paired over seeds)."""
     from fedpers.apps.claims import PER_CLIENT_METRIC, compare, row_runs
 
     entries = {m.label: m for m in sweep.methods}
