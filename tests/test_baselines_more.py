@@ -22,7 +22,7 @@ from fedpers.algorithms.prototypes import aggregate_prototypes, class_prototypes
 from fedpers.registry.config import all_keys, build_config
 from fedpers.core.errors import ConfigError
 from fedpers.core.federation import get_federation
-from fedpers.core.models import array_shapes, get_arrays, parameter_names
+from fedpers.core.models import array_shapes, build_model, get_arrays, parameter_names
 from fedpers.registry.methods import METHODS
 from fedpers.core.wire import join_sections
 from strategies.base import FedPersStrategy, Upload, parameters_nbytes
@@ -238,6 +238,23 @@ def test_fisher_trace_and_weights():
     assert t == pytest.approx(expected, rel=1e-5) and t > 0
     np.testing.assert_allclose(fisher_weights([1.0, 3.0], [50, 50]), [0.25, 0.75])
     np.testing.assert_allclose(fisher_weights([0.0, float("nan")], [10, 30]), [0.25, 0.75])  # fallback
+
+
+def test_fisher_trace_counts_only_the_parameters_the_forward_pass_reaches():
+    # The SE-CNN's residual branch is skipped while its gate is shut (fusion 0, every method but FedEAGD):
+    # its parameters have no gradient, and the trace is the one over the rest (FedAS on the SE-CNN, issue 27).
+    x, y = toy_data(d_in=64, classes=10)
+    x = x.reshape(-1, 1, 8, 8)
+    model = build_model((1, 8, 8), 10, feature_dim=16, kind="se_cnn", seed=0)
+    assert model.fusion == 0.0
+    reached = [p for name, p in model.named_parameters() if not name.startswith("residual.")]
+    model.eval()
+    expected = 0.0
+    for s in range(0, len(x), 16):
+        grads = torch.autograd.grad(F.cross_entropy(model(x[s:s + 16]), y[s:s + 16]), reached)
+        expected += float(sum(g.pow(2).sum() for g in grads))
+    t = fisher_trace(model, x, y, batch_size=16)
+    assert t == pytest.approx(expected, rel=1e-6) and t > 0
 
 
 def test_fedas_server_weights_extractors_by_fisher_trace():

@@ -81,15 +81,17 @@ def align_backbone(model: nn.Module, previous: nn.Module, x: torch.Tensor, y: to
 def fisher_trace(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> float:
     """FedAS client synchronization: the trace of the empirical Fisher information of the trained local
     model on its data, as the authors' code computes it: ``sum_batches sum_params ||grad_theta
-    mean_b(-log p_theta(y|x))||^2`` (eval mode, batches of ``batch_size`` in data order)."""
+    mean_b(-log p_theta(y|x))||^2`` (eval mode, batches of ``batch_size`` in data order). A parameter the
+    forward pass does not reach (the SE-CNN's residual branch while its gate is shut) has a zero gradient
+    and adds nothing."""
     model.eval()
     params = [p for p in model.parameters() if p.requires_grad]
     total = 0.0
     for start in range(0, len(x), batch_size):
         xb, yb = x[start:start + batch_size], y[start:start + batch_size]
         nll = F.cross_entropy(model(xb), yb)
-        grads = torch.autograd.grad(nll, params)
-        total += float(sum(g.pow(2).sum() for g in grads))
+        grads = torch.autograd.grad(nll, params, allow_unused=True)
+        total += float(sum(g.pow(2).sum() for g in grads if g is not None))
     return total
 
 
