@@ -27,7 +27,8 @@ from flwr.server.client_proxy import ClientProxy
 from fedpers.core.errors import FedpersError
 from fedpers.core.federation import Federation
 from fedpers.core.progress import format_round_line
-from fedpers.core.results import ACCURACY_PREFIXES, VALIDATION_PREFIX, ResultsWriter, accuracy_summary
+from fedpers.core.results import (ACCURACY_PREFIXES, VALIDATION_PREFIX, ResultsWriter, accuracy_summary,
+                                  machine_environment)
 from fedpers.core.schema import Config, clients_per_round
 from fedpers.core.seeds import EVALUATION_SAMPLE, derived_seed
 from fedpers.core.wire import carried_evaluation_of
@@ -314,6 +315,10 @@ class RoundBook:
             "client_val_sizes": [len(v) for v in self.federation.partition.val or ()],
             "aux_size": len(self.federation.partition.aux),
             "config": self.cfg.to_dict(),
+            # the machine of the process that writes this file (the server; in a simulation the clients'
+            # too; a run resumed elsewhere names the last one): runs that differ only in their last digits
+            # can be told apart by it
+            "environment": machine_environment(),
             **self._summary_extras(),
         }
         if self.writer is not None:

@@ -112,3 +112,23 @@ def test_memory_estimate_is_within_25_percent_of_the_measured_peak(tmp_path, dat
     assert proc.returncode == 0, out
     estimate = float(re.search(r"memory estimate: host ([0-9.]+) GiB", out).group(1)) * 2**30
     assert 0.75 * peak[0] <= estimate <= 1.25 * peak[0], (estimate / 2**20, peak[0] / 2**20)
+
+
+def test_summary_names_the_machine_and_the_threads_of_the_run(tmp_path):
+    """summary.json's ``environment``: the versions and the CPU kernels and intra-op threads the run's
+    process had (the regression runs pin 2 threads), so that two runs of the same arithmetic that part in
+    their last digits can be traced to their machines."""
+    import flwr
+    import torch
+
+    from fedpers.core.results import read_summary
+    from tests.regression_runs import RECORDED_THREADS, run
+
+    before = torch.get_num_threads()
+    run("fedper", tmp_path / "run")
+    env = read_summary(tmp_path / "run")["environment"]
+    assert (env["torch"], env["flwr"]) == (torch.__version__, flwr.__version__)
+    assert env["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert env["torch_threads"] == RECORDED_THREADS and torch.get_num_threads() == before
+    assert env["cpu"] and env["cpu_count"] >= 1
+    assert env["gpu"] == (torch.cuda.get_device_name() if torch.cuda.is_available() else None)

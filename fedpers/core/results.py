@@ -147,6 +147,31 @@ def _start_wandb(out_dir: Path, mode: str, project: str, config: dict[str, Any])
                       name=f"{config.get('method', 'run')}-{out_dir.name}", reinit="finish_previous")
 
 
+def machine_environment() -> dict[str, Any]:
+    """Where a run's numbers were computed: the versions of Python, torch, Flower and NumPy, the CPU, the
+    vector kernels torch chose for it (``torch.backends.cpu.get_cpu_capability()``), torch's intra-op
+    threads and the GPU if one is used. Not a paper's equation: two runs of the same arithmetic on
+    machines whose kernels or thread counts differ sum in another order and part in their last digits
+    (then, over rounds, by a few hundredths of a point), and this says which machines two runs had."""
+    import platform
+
+    import flwr
+    import numpy
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name")), cpu)
+    except OSError:  # not Linux
+        pass
+    return {"python": platform.python_version(), "torch": torch.__version__, "flwr": flwr.__version__,
+            "numpy": numpy.__version__, "cpu": cpu, "cpu_count": os.cpu_count(),
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "torch_threads": torch.get_num_threads(),
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+
+
 def read_metrics(out_dir: str | os.PathLike) -> list[dict[str, Any]]:
     """All round records of a run."""
     path = Path(out_dir) / "metrics.jsonl"
