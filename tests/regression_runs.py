@@ -13,10 +13,10 @@ from pathlib import Path
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "regression"
 # timing and host fields: they differ between two runs of the same arithmetic
 VOLATILE_KEYS = ("fit_nodes",)
+VOLATILE_SUFFIX = "_seconds"
 # Intra-op threads of the recordings: torch splits a reduction by thread, so another count sums in another
 # order, and pFedMe's round 2 on 1 thread differs from the recording by 0.8 points (OMP_NUM_THREADS=1).
 RECORDED_THREADS = 2
-VOLATILE_SUFFIX = "_seconds"
 JDFL_RUNS = (("fedavg", "graded"), ("scaffold", "graded"))
 
 
@@ -47,7 +47,6 @@ def run(name: str, out_dir: Path, **keys) -> list[dict]:
     from fedpers.registry.config import build_config
     from fedpers.apps.inprocess import run_in_process
     from fedpers.core.results import read_metrics
-
     import torch
 
     threads = torch.get_num_threads()
