@@ -426,13 +426,9 @@ def test_every_method_trains_on_the_se_cnn(method, tmp_path):
     forward pass while the gate is shut, which FedAS's Fisher trace once tripped over in round 1: two
     in-process rounds on digits in which every sampled client fits without failing, every client is
     evaluated, and the training loss is finite."""
-    from fedpers.apps.inprocess import run_in_process
-    from fedpers.core.results import read_metrics
-    from tests.regression_runs import overrides_of
+    from tests.regression_runs import run
 
-    cfg = build_config(overrides_of(method, tmp_path / "run", model_kind="se_cnn"))
-    run_in_process(cfg)
-    rounds = read_metrics(tmp_path / "run")
+    rounds = run(method, tmp_path / "run", model_kind="se_cnn")
     assert [r["round"] for r in rounds] == [1, 2]
     for r in rounds:
         assert r["failed_clients"] == 0 and len(r["fit_clients"]) == 2 and r["evaluated_clients"] == 3

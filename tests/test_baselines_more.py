@@ -227,14 +227,21 @@ def test_fedas_alignment_moves_the_received_extractor_toward_the_local_features(
     assert arrays_equal(local_before, get_arrays(local, "all"))
 
 
+def squared_gradient_norms(model, params, x, y, batch_size):
+    """The Fisher trace by hand: per batch in data order, the squared norm of the gradient of the mean
+    cross-entropy with respect to ``params`` (every one of which the forward pass must reach), summed."""
+    total = 0.0
+    for s in range(0, len(x), batch_size):
+        grads = torch.autograd.grad(F.cross_entropy(model(x[s:s + batch_size]), y[s:s + batch_size]), params)
+        total += float(sum(g.pow(2).sum() for g in grads))
+    return total
+
+
 def test_fisher_trace_and_weights():
     x, y = toy_data()
     model = TinyNet()
     t = fisher_trace(model, x, y, batch_size=16)
-    expected = 0.0
-    for s in range(0, len(x), 16):
-        grads = torch.autograd.grad(F.cross_entropy(model(x[s:s + 16]), y[s:s + 16]), list(model.parameters()))
-        expected += float(sum(g.pow(2).sum() for g in grads))
+    expected = squared_gradient_norms(model, list(model.parameters()), x, y, batch_size=16)
     assert t == pytest.approx(expected, rel=1e-5) and t > 0
     np.testing.assert_allclose(fisher_weights([1.0, 3.0], [50, 50]), [0.25, 0.75])
     np.testing.assert_allclose(fisher_weights([0.0, float("nan")], [10, 30]), [0.25, 0.75])  # fallback
@@ -249,10 +256,7 @@ def test_fisher_trace_counts_only_the_parameters_the_forward_pass_reaches():
     assert model.fusion == 0.0
     reached = [p for name, p in model.named_parameters() if not name.startswith("residual.")]
     model.eval()
-    expected = 0.0
-    for s in range(0, len(x), 16):
-        grads = torch.autograd.grad(F.cross_entropy(model(x[s:s + 16]), y[s:s + 16]), reached)
-        expected += float(sum(g.pow(2).sum() for g in grads))
+    expected = squared_gradient_norms(model, reached, x, y, batch_size=16)
     t = fisher_trace(model, x, y, batch_size=16)
     assert t == pytest.approx(expected, rel=1e-6) and t > 0
 
