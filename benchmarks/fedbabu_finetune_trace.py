@@ -67,7 +67,7 @@ def trace_client(model: torch.nn.Module, data, *, epochs: int, lr: float, cfg, s
                      "val": evaluate(tuned, data.val.x, data.val.y)[0] if data.val is not None else None})
 
     fine_tune_copies(model, data.train.x, data.train.y, epochs=[epochs], lr=lr, batch_size=cfg.batch_size,
-                     generator=generator, momentum=cfg.momentum,
+                     generator=generator, drop_last=cfg.drop_last_batch, momentum=cfg.momentum,
                      weight_decay=cfg.weight_decay, on_epoch=record)
     feature_norm = float(backbone_features(model, data.train.x).norm(dim=1).mean()) if len(data.train.x) else 0.0
     return {"train_samples": int(len(data.train.y)), "feature_norm": feature_norm, "epochs": rows}

@@ -64,7 +64,8 @@ def bare_run(cfg) -> dict:
     if pfedkdh:
         aux = fed.aux(device)
         recalibrate_head(server, aux.x, aux.y, epochs=cfg.recal_epochs, lr=cfg.recal_lr,
-                         batch_size=cfg.batch_size, generator=seed_everything(cfg.seed, seeds.SERVER_TRAINING, 1))
+                         batch_size=cfg.batch_size, generator=seed_everything(cfg.seed, seeds.SERVER_TRAINING, 1),
+                         drop_last=cfg.drop_last_batch)
     round_seconds, final = [], {}
     for rnd in range(1, cfg.rounds + 1):
         start = time.perf_counter()
@@ -93,14 +94,15 @@ def bare_run(cfg) -> dict:
                     return F.cross_entropy(model(x), y)
             opt = sgd(model.parameters(), cfg.lr, cfg.momentum, cfg.weight_decay)
             train_epochs(model, data.x, data.y, epochs=cfg.local_epochs, batch_size=cfg.batch_size, optimizer=opt,
-                         batch_loss=loss_fn, generator=gen)
+                         batch_loss=loss_fn, generator=gen, drop_last=cfg.drop_last_batch)
             if pfedkdh:
                 heads[pid] = get_arrays(model, "head")
             updates.append((get_arrays(model, part), len(data)))
         set_arrays(server, weighted_average(updates), part)
         if pfedkdh:
             recalibrate_head(server, aux.x, aux.y, epochs=cfg.recal_epochs, lr=cfg.recal_lr,
-                             batch_size=cfg.batch_size, generator=seed_everything(cfg.seed, seeds.SERVER_TRAINING, rnd + 1))
+                             batch_size=cfg.batch_size, generator=seed_everything(cfg.seed, seeds.SERVER_TRAINING, rnd + 1),
+                             drop_last=cfg.drop_last_batch)
         test = fed.test(device)
         logits = predict_logits(server, test.x)
         global_acc = (logits.argmax(dim=1) == test.y).float().mean().item()

@@ -226,7 +226,7 @@ class FedPersClient(ContractSide, NumPyClient):
         train = self.data.train
         return train_epochs(self.model, train.x, train.y, epochs=self.cfg.local_epochs,
                             batch_size=self.cfg.batch_size, optimizer=opt, batch_loss=self.batch_loss,
-                            generator=generator)
+                            generator=generator, drop_last=self.cfg.drop_last_batch)
 
     def upload_arrays(self) -> list[np.ndarray]:
         """The upload's model section (default: ``upload_part`` of the model)."""

@@ -62,7 +62,7 @@ class DittoClient(FedPersClient):
         lam = self.cfg.ditto_lambda
         return train_epochs(
             personal, self.data.train.x, self.data.train.y, epochs=epochs, batch_size=self.cfg.batch_size,
-            optimizer=opt, generator=generator,
+            optimizer=opt, generator=generator, drop_last=self.cfg.drop_last_batch,
             batch_loss=lambda x, y: personal_objective(personal(x), y, params, self.global_params, lam))
 
     def train(self, generator: torch.Generator) -> float:

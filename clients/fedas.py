@@ -63,7 +63,8 @@ class FedASClient(FedPersClient):
         train = self.data.train
         return align_backbone(self.model, previous, train.x, train.y, num_classes=self.num_classes,
                               lr=self.cfg.fedas_align_lr, epochs=self.cfg.fedas_align_epochs,
-                              batch_size=self.cfg.fedas_align_batch, generator=generator)
+                              batch_size=self.cfg.fedas_align_batch, generator=generator,
+                              drop_last=self.cfg.drop_last_batch)
 
     def prepare(self, parameters: list[np.ndarray]) -> None:
         """Evaluate: the own saved model. Fit: received extractor, aligned (when a local model exists),

@@ -36,7 +36,7 @@ class FedBABUClient(FedPersClient):
         train = self.data.train
         return train_epochs(self.model, train.x, train.y, epochs=self.cfg.local_epochs,
                             batch_size=self.cfg.batch_size, optimizer=opt, generator=generator,
-                            batch_loss=self.batch_loss)
+                            drop_last=self.cfg.drop_last_batch, batch_loss=self.batch_loss)
 
     def evaluate_personalized(self, generator: torch.Generator) -> tuple[float, float, dict[str, float]]:
         """Fine-tune a copy of the whole model on train data, then test it; also the initial accuracy and
@@ -57,5 +57,6 @@ class FedBABUClient(FedPersClient):
             train = self.data.train
             self._tuned = fine_tune_copies(self.model, train.x, train.y, epochs=epochs, lr=self.cfg.lr,
                                            batch_size=self.cfg.batch_size, generator=generator,
-                                           momentum=self.cfg.momentum, weight_decay=self.cfg.weight_decay)
+                                           drop_last=self.cfg.drop_last_batch, momentum=self.cfg.momentum,
+                                           weight_decay=self.cfg.weight_decay)
         return self._tuned

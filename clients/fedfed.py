@@ -113,7 +113,8 @@ class FedFedClient(FedPersClient):
         self.distiller.train()
         total, count = 0.0, 0
         for _ in range(cfg.local_epochs):
-            for idx in minibatches(len(train), cfg.batch_size, generator, train.x.device):
+            for idx in minibatches(len(train), cfg.batch_size, generator, train.x.device,
+                                   drop_last=cfg.drop_last_batch):
                 if len(idx) < 2:
                     continue
                 opt_f.zero_grad(set_to_none=True)
@@ -143,7 +144,7 @@ class FedFedClient(FedPersClient):
         x, y = self.training_set()
         opt = sgd(self.model.parameters(), self.cfg.lr, self.cfg.momentum, self.cfg.weight_decay)
         return train_epochs(self.model, x, y, epochs=self.cfg.local_epochs, batch_size=self.cfg.batch_size,
-                            optimizer=opt, generator=generator,
+                            optimizer=opt, generator=generator, drop_last=self.cfg.drop_last_batch,
                             batch_loss=lambda xb, yb: F.cross_entropy(self.model(xb), yb))
 
     def shared_upload(self) -> list[np.ndarray]:

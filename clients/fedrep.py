@@ -37,7 +37,7 @@ class FedRepClient(FedPersClient):
         feats = backbone_features(self.model, train.x)
         return train_head_on_features(self.model.head, feats, train.y, lr=self.cfg.lr,
                                       batch_size=self.cfg.batch_size, generator=generator,
-                                      epochs=self.cfg.fedrep_head_epochs)
+                                      drop_last=self.cfg.drop_last_batch, epochs=self.cfg.fedrep_head_epochs)
 
     def train_body(self, generator: torch.Generator) -> float:
         """FedRep representation update: ``local_epochs`` epochs on the body with the head frozen."""
@@ -49,7 +49,7 @@ class FedRepClient(FedPersClient):
             train = self.data.train
             return train_epochs(self.model, train.x, train.y, epochs=self.cfg.local_epochs,
                                 batch_size=self.cfg.batch_size, optimizer=opt, generator=generator,
-                                batch_loss=self.batch_loss)
+                                drop_last=self.cfg.drop_last_batch, batch_loss=self.batch_loss)
         finally:
             for p in head:
                 p.requires_grad_(True)

@@ -66,7 +66,8 @@ class JDFLClientMixin:
         train = self.data.train
         loss = train_epochs(self.model, train.x, train.y, epochs=cfg.jdfl_discovery_epochs,
                             batch_size=cfg.jdfl_discovery_batch or cfg.batch_size, optimizer=opt,
-                            batch_loss=lambda x, y: F.cross_entropy(self.model(x), y), generator=generator)
+                            batch_loss=lambda x, y: F.cross_entropy(self.model(x), y), generator=generator,
+                            drop_last=cfg.drop_last_batch)
         state = self.model.state_dict()
         update, counts = join_sections({"discovery_update": [(state[k] - before[k]).detach().cpu().numpy()
                                                              for k in names]}, DISCOVERY_UPLOAD)

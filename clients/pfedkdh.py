@@ -52,10 +52,10 @@ class PFedKDHClient(FedPersClient):
             fair_acc, fair_loss = accuracy_and_loss(self.model.head(features), test.y)
         if self.cfg.variant == "fair":
             return fair_acc, fair_loss, {}
-        n, batch = len(self.data.train), self.cfg.batch_size
-        main = (adaptation_steps(self.cfg.ea_epochs, "epochs", n, batch) if self.cfg.ea_epochs > 0
+        n, batch, drop = len(self.data.train), self.cfg.batch_size, self.cfg.drop_last_batch
+        main = (adaptation_steps(self.cfg.ea_epochs, "epochs", n, batch, drop_last=drop) if self.cfg.ea_epochs > 0
                 else self.cfg.ea_steps)
-        also = {token: adaptation_steps(count, unit, n, batch)
+        also = {token: adaptation_steps(count, unit, n, batch, drop_last=drop)
                 for token, count, unit in parse_adaptation_lengths(self.cfg.ea_also)}
         heads = self.adapted_heads([main, *also.values()], generator)
         extra = {"acc_fair": fair_acc}
@@ -71,5 +71,6 @@ class PFedKDHClient(FedPersClient):
         if getattr(self, "_adapted", None) is None:
             train = self.data.train
             self._adapted = adapt_head_copies(self.model, train.x, train.y, steps=steps, lr=self.cfg.ea_lr,
-                                              batch_size=self.cfg.batch_size, generator=generator)
+                                              batch_size=self.cfg.batch_size, generator=generator,
+                                              drop_last=self.cfg.drop_last_batch)
         return self._adapted

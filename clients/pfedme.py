@@ -54,7 +54,8 @@ class PFedMeClient(FedPersClient):
         lam = self.cfg.pfedme_lambda
         total, count = 0.0, 0
         for _ in range(self.cfg.local_epochs):
-            for idx in minibatches(len(train), self.cfg.batch_size, generator, train.x.device):
+            for idx in minibatches(len(train), self.cfg.batch_size, generator, train.x.device,
+                                   drop_last=self.cfg.drop_last_batch):
                 values = pfedme_inner_solve(theta, train.x[idx], train.y[idx], local, lam=lam,
                                             lr=self.cfg.pfedme_personal_lr, steps=self.cfg.pfedme_k)
                 pfedme_local_update(local, theta_params, lr=self.cfg.lr, lam=lam)

@@ -38,7 +38,8 @@ class PFedKDHStrategy(FedPersStrategy):
             opt = sgd(self.model.parameters(), self.cfg.lr, self.cfg.momentum, self.cfg.weight_decay)
             train_epochs(self.model, self.aux.x, self.aux.y, epochs=self.cfg.warmup_epochs,
                          batch_size=self.cfg.batch_size, optimizer=opt,
-                         batch_loss=lambda x, y: F.cross_entropy(self.model(x), y), generator=gen)
+                         batch_loss=lambda x, y: F.cross_entropy(self.model(x), y), generator=gen,
+                         drop_last=self.cfg.drop_last_batch)
         self._recalibrate(0)
 
     def apply_aggregate(self, server_round: int, aggregated: list[np.ndarray]) -> None:
@@ -50,4 +51,5 @@ class PFedKDHStrategy(FedPersStrategy):
     def _recalibrate(self, server_round: int) -> None:
         gen = seed_everything(self.cfg.seed, seeds.SERVER_TRAINING, server_round + 1)
         pfedkdh.recalibrate_head(self.model, self.aux.x, self.aux.y, epochs=self.cfg.recal_epochs,
-                         lr=self.cfg.recal_lr, batch_size=self.cfg.batch_size, generator=gen)
+                         lr=self.cfg.recal_lr, batch_size=self.cfg.batch_size, generator=gen,
+                         drop_last=self.cfg.drop_last_batch)

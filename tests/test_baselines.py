@@ -172,7 +172,8 @@ def test_fine_tune_copy_changes_the_copy_only():
         p.requires_grad_(False)  # as during FedBABU training
     x, y = toy_data()
     before = get_arrays(model, "all")
-    tuned = fine_tune_copy(model, x, y, epochs=3, lr=0.1, batch_size=16, generator=torch.Generator().manual_seed(0))
+    tuned = fine_tune_copy(model, x, y, epochs=3, lr=0.1, batch_size=16, drop_last=False,
+                           generator=torch.Generator().manual_seed(0))
     assert arrays_equal(before, get_arrays(model, "all"))
     after = get_arrays(tuned, "all")
     names = parameter_names(model, "all")
@@ -184,11 +185,12 @@ def test_fine_tune_copies_after_e_epochs_of_a_longer_run_are_exactly_e_epoch_fin
 
     model = TinyNet()
     x, y = toy_data()
-    copies = fine_tune_copies(model, x, y, epochs=[1, 3, 0], lr=0.1, batch_size=16,
+    copies = fine_tune_copies(model, x, y, epochs=[1, 3, 0], lr=0.1, batch_size=16, drop_last=False,
                               generator=torch.Generator().manual_seed(0))
     assert arrays_equal(get_arrays(copies[0], "all"), get_arrays(model, "all"))
     for e in (1, 3):
-        alone = fine_tune_copy(model, x, y, epochs=e, lr=0.1, batch_size=16, generator=torch.Generator().manual_seed(0))
+        alone = fine_tune_copy(model, x, y, epochs=e, lr=0.1, batch_size=16, drop_last=False,
+                               generator=torch.Generator().manual_seed(0))
         assert arrays_equal(get_arrays(copies[e], "all"), get_arrays(alone, "all"))
     assert not arrays_equal(get_arrays(copies[1], "all"), get_arrays(copies[3], "all"))
     assert parse_epoch_list("1, 3,10") == [1, 3, 10]
@@ -205,10 +207,12 @@ def test_fine_tune_copies_on_epoch_sees_each_epochs_model_and_loss_without_chang
     model = TinyNet()
     x, y = toy_data()
     seen = []
-    traced = fine_tune_copies(model, x, y, epochs=[3], lr=0.1, batch_size=16, generator=torch.Generator().manual_seed(0),
+    traced = fine_tune_copies(model, x, y, epochs=[3], lr=0.1, batch_size=16, drop_last=False,
+                              generator=torch.Generator().manual_seed(0),
                               on_epoch=lambda e, m, loss: seen.append((e, get_arrays(m, "all"), loss,
                                                                        evaluate(m, x, y)[1])))
-    plain = fine_tune_copies(model, x, y, epochs=[2, 3], lr=0.1, batch_size=16, generator=torch.Generator().manual_seed(0))
+    plain = fine_tune_copies(model, x, y, epochs=[2, 3], lr=0.1, batch_size=16, drop_last=False,
+                             generator=torch.Generator().manual_seed(0))
     assert [e for e, *_ in seen] == [1, 2, 3]
     assert arrays_equal(seen[1][1], get_arrays(plain[2], "all"))
     assert arrays_equal(get_arrays(traced[3], "all"), get_arrays(plain[3], "all"))
@@ -267,7 +271,7 @@ def test_fedbabu_head_never_changes_and_fine_tuning_is_not_persisted():
     model_before = get_arrays(evaluator.model, "all")
     gen = torch.Generator().manual_seed(0)
     tuned = fine_tune_copy(evaluator.model, evaluator.data.train.x, evaluator.data.train.y, epochs=2, lr=cfg.lr,
-                           batch_size=cfg.batch_size, generator=gen)
+                           batch_size=cfg.batch_size, drop_last=cfg.drop_last_batch, generator=gen)
     assert not arrays_equal(get_arrays(tuned, "head"), initial_head)  # the evaluated model is fine-tuned
     _, _, metrics = evaluator.evaluate(up, {"server_round": 1})
     assert arrays_equal(get_arrays(evaluator.model, "all"), model_before)  # persisted model unchanged

@@ -136,3 +136,64 @@ def test_lost_round_state_without_a_state_directory_is_a_clear_error():
     client.begin_message(3, training=True)
     with pytest.raises(ClientUpdateError, match="saved in round 3.*no earlier version"):
         client.personal_arrays()
+
+
+def test_minibatches_drop_only_the_short_last_batch():
+    """``drop_last``: the same permutation, cut after the last full batch; a set smaller than one batch is
+    kept whole (ours)."""
+    import torch
+
+    from fedpers.core.training import batches_per_epoch, minibatches
+
+    def batches(n, drop):
+        return [b.tolist() for b in minibatches(n, 4, torch.Generator().manual_seed(7), torch.device("cpu"),
+                                                 drop_last=drop)]
+
+    kept, dropped = batches(10, False), batches(10, True)
+    assert [len(b) for b in kept] == [4, 4, 2] and dropped == kept[:2]
+    assert sorted(sum(kept, [])) == list(range(10))
+    assert batches(8, True) == batches(8, False) and [len(b) for b in batches(8, True)] == [4, 4]
+    assert batches(3, True) == batches(3, False) and [len(b) for b in batches(3, True)] == [3]
+    assert [batches_per_epoch(n, 4, drop_last=d) for n, d in [(10, False), (10, True), (8, True), (3, True)]] \
+        == [3, 2, 2, 1]
+
+
+def test_with_drop_last_the_short_batch_samples_do_not_train():
+    """What the dropped tail holds changes nothing with ``drop_last`` and changes the model without it."""
+    import torch
+    import torch.nn.functional as F
+
+    from fedpers.core.training import sgd, train_epochs
+
+    x, y = torch.randn(22, 5, generator=torch.Generator().manual_seed(0)), torch.arange(22) % 3
+    tail = torch.randperm(22, generator=torch.Generator().manual_seed(1))[20:]  # the epoch's last 2 (22 = 2*10+2)
+    y_other = y.clone()
+    y_other[tail] = (y[tail] + 1) % 3
+
+    def trained(labels, drop):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(5, 3)
+        train_epochs(model, x, labels, epochs=1, batch_size=10, optimizer=sgd(model.parameters(), 0.5),
+                     batch_loss=lambda xb, yb: F.cross_entropy(model(xb), yb),
+                     generator=torch.Generator().manual_seed(1), drop_last=drop)
+        return [p.detach().clone() for p in model.parameters()]
+
+    assert all(torch.equal(a, b) for a, b in zip(trained(y, True), trained(y_other, True)))
+    assert not all(torch.equal(a, b) for a, b in zip(trained(y, False), trained(y_other, False)))
+
+
+def test_drop_last_batch_reaches_the_clients_training():
+    """The config key changes a client's local training when its train split is not a multiple of the
+    batch, and nothing when it is."""
+    def personal(drop, batch_size):
+        cfg = build_config(tiny_overrides(method="fedper", drop_last_batch=drop, batch_size=batch_size))
+        fed = get_federation(cfg)
+        model = build_model(fed.input_shape, 10, feature_dim=cfg.feature_dim, seed=cfg.seed)
+        up, n, _ = FedPerClient(cfg, make_context(0, cfg.num_clients)).fit(get_arrays(model, "backbone"),
+                                                                         {"server_round": 1})
+        return up, n
+
+    (kept, n), (dropped, _) = personal(False, 32), personal(True, 32)
+    assert n % 32 != 0 and not all(np.array_equal(a, b) for a, b in zip(kept, dropped))
+    (kept, _), (dropped, _) = personal(False, n), personal(True, n)  # one full batch: nothing to drop
+    assert all(np.array_equal(a, b) for a, b in zip(kept, dropped))

@@ -147,9 +147,10 @@ def test_ea_head_from_visited_samples_equals_head_from_all_features():
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(150, 1, 8, 8, generator=gen)
     y = torch.randint(0, 10, (150,), generator=gen)
-    sparse = adapt_head_copy(model, x, y, steps=7, lr=0.1, batch_size=32, generator=torch.Generator().manual_seed(3))
+    sparse = adapt_head_copy(model, x, y, steps=7, lr=0.1, batch_size=32, drop_last=False,
+                             generator=torch.Generator().manual_seed(3))
     dense = copy.deepcopy(model.head)
-    train_head_on_features(dense, backbone_features(model, x), y, lr=0.1, batch_size=32,
+    train_head_on_features(dense, backbone_features(model, x), y, lr=0.1, batch_size=32, drop_last=False,
                            generator=torch.Generator().manual_seed(3), steps=7)
     for a, b in zip(sparse.parameters(), dense.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
@@ -162,11 +163,12 @@ def test_ea_heads_at_several_lengths_from_one_run_are_the_heads_of_runs_of_those
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(150, 1, 8, 8, generator=gen)
     y = torch.randint(0, 10, (150,), generator=gen)
-    heads = adapt_head_copies(model, x, y, steps=[0, 3, 12], lr=0.1, batch_size=32,
+    heads = adapt_head_copies(model, x, y, steps=[0, 3, 12], lr=0.1, batch_size=32, drop_last=False,
                               generator=torch.Generator().manual_seed(3))
     assert torch.equal(heads[0].weight, model.head.weight)
     for k in (3, 12):
-        alone = adapt_head_copy(model, x, y, steps=k, lr=0.1, batch_size=32, generator=torch.Generator().manual_seed(3))
+        alone = adapt_head_copy(model, x, y, steps=k, lr=0.1, batch_size=32, drop_last=False,
+                                generator=torch.Generator().manual_seed(3))
         for a, b in zip(heads[k].parameters(), alone.parameters()):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert not torch.allclose(heads[3].weight, heads[12].weight)
@@ -200,7 +202,7 @@ def test_recalibration_trains_only_the_head_and_lowers_its_loss():
     before_bb = get_arrays(m, "backbone")
     feats = backbone_features(m, x)
     loss_before = F.cross_entropy(m.head(feats), y).item()
-    recalibrate_head(m, x, y, epochs=20, lr=0.5, batch_size=16, generator=seed_everything(0))
+    recalibrate_head(m, x, y, epochs=20, lr=0.5, batch_size=16, drop_last=False, generator=seed_everything(0))
     for b, a in zip(before_bb, get_arrays(m, "backbone")):
         np.testing.assert_array_equal(b, a)
     assert F.cross_entropy(m.head(backbone_features(m, x)), y).item() < loss_before

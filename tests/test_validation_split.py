@@ -123,6 +123,7 @@ def test_validation_metrics_are_those_of_the_model_whose_test_accuracy_is_report
 
     data = fed.client(0, torch.device("cpu"))
     tuned = fine_tune_copy(model, data.train.x, data.train.y, epochs=2, lr=cfg.lr, batch_size=cfg.batch_size,
+                           drop_last=cfg.drop_last_batch,
                            generator=seed_everything(cfg.seed, 1, 0, seeds.CLIENT_EVALUATE))
     assert reply["acc"] == evaluate(tuned, data.test.x, data.test.y)[0]
     assert reply["val_acc"] == evaluate(tuned, data.val.x, data.val.y)[0]

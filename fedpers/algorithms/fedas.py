@@ -47,7 +47,8 @@ def fedas_alignment_loss(features: torch.Tensor, y: torch.Tensor, prototypes: to
 
 
 def align_backbone(model: nn.Module, previous: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_classes: int,
-                   lr: float, epochs: int, batch_size: int, generator: torch.Generator) -> list[float]:
+                   lr: float, epochs: int, batch_size: int, generator: torch.Generator,
+                   drop_last: bool) -> list[float]:
     """FedAS federated parameter alignment: before local training, the received shared
     parameters (``model.backbone``) are fine-tuned on the local data so that their features match the
     class prototypes of the client's previous local model ``previous`` (computed once, eval mode, no
@@ -66,7 +67,7 @@ def align_backbone(model: nn.Module, previous: nn.Module, x: torch.Tensor, y: to
     history = []
     for _ in range(epochs):
         total, count = 0.0, 0
-        for idx in minibatches(len(x), batch_size, generator, x.device):
+        for idx in minibatches(len(x), batch_size, generator, x.device, drop_last=drop_last):
             opt.zero_grad(set_to_none=True)
             loss = fedas_alignment_loss(model.backbone(x[idx]), y[idx], prototypes, available)
             if loss.requires_grad:

@@ -28,17 +28,17 @@ KEYS: tuple[Key, ...] = (
 
 
 def fine_tune_copy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, lr: float,
-                   batch_size: int, generator: torch.Generator, momentum: float = 0.0,
+                   batch_size: int, generator: torch.Generator, drop_last: bool, momentum: float = 0.0,
                    weight_decay: float = 0.0) -> nn.Module:
     """FedBABU (Oh et al., ICLR 2022, Sec. 4 "personalization"): a deep copy of ``model`` whose whole
     network (body and head) is fine-tuned by ``epochs`` epochs of cross-entropy SGD on the client's train
     data; ``model`` itself is not changed."""
     return fine_tune_copies(model, x, y, epochs=[epochs], lr=lr, batch_size=batch_size, generator=generator,
-                            momentum=momentum, weight_decay=weight_decay)[epochs]
+                            drop_last=drop_last, momentum=momentum, weight_decay=weight_decay)[epochs]
 
 
 def fine_tune_copies(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: Sequence[int], lr: float,
-                     batch_size: int, generator: torch.Generator, momentum: float = 0.0,
+                     batch_size: int, generator: torch.Generator, drop_last: bool, momentum: float = 0.0,
                      weight_decay: float = 0.0,
                      on_epoch: Callable[[int, nn.Module, float], None] | None = None) -> dict[int, nn.Module]:
     """FedBABU's fine-tuning (:func:`fine_tune_copy`) at several epoch counts from one run: ``{e: the copy
@@ -54,7 +54,8 @@ def fine_tune_copies(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epoc
         opt = sgd(tuned.parameters(), lr, momentum, weight_decay)
         for done in range(1, max(wanted) + 1):
             loss = train_epochs(tuned, x, y, epochs=1, batch_size=batch_size, optimizer=opt,
-                                batch_loss=lambda xb, yb: F.cross_entropy(tuned(xb), yb), generator=generator)
+                                batch_loss=lambda xb, yb: F.cross_entropy(tuned(xb), yb), generator=generator,
+                                drop_last=drop_last)
             if on_epoch is not None:
                 on_epoch(done, tuned, loss)
             if done in wanted:

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedpers.core.losses import proximal_term
-from fedpers.core.training import backbone_features, head_sgd, step_batches, train_head_on_features
+from fedpers.core.training import (backbone_features, batches_per_epoch, head_sgd, step_batches,
+                                    train_head_on_features)
 from fedpers.core.schema import Key, parses, positive, non_negative, unit_interval, one_of
 from fedpers.core.wire import Contract
 
@@ -84,31 +85,33 @@ def parse_adaptation_lengths(text: str) -> list[tuple[str, int, str]]:
     return out
 
 
-def adaptation_steps(count: int, unit: str, num_train: int, batch_size: int) -> int:
-    """Head-adaptation steps of ``count`` steps or ``count`` epochs (``ceil(n_k / B)`` steps each)."""
-    return count if unit == "steps" else count * -(-num_train // batch_size)
+def adaptation_steps(count: int, unit: str, num_train: int, batch_size: int, *, drop_last: bool) -> int:
+    """Head-adaptation steps of ``count`` steps or ``count`` epochs (an epoch's batches as
+    :func:`~fedpers.core.training.batches_per_epoch`: ``ceil(n_k / B)``, or ``floor`` with ``drop_last``)."""
+    return count if unit == "steps" else count * batches_per_epoch(num_train, batch_size, drop_last=drop_last)
 
 
 def recalibrate_head(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, lr: float,
-                     batch_size: int, generator: torch.Generator) -> float:
+                     batch_size: int, generator: torch.Generator, drop_last: bool) -> float:
     """pFedKDH Eq. (5): ``phi_g <- argmin_phi 1/|Ds| sum CE(h_phi(b_theta_g(x)), y)`` over Ds with the
     aggregated backbone frozen, by ``epochs`` epochs of SGD on the head."""
     if epochs <= 0 or len(x) == 0:
         return float("nan")
     feats = backbone_features(model, x)
     return train_head_on_features(model.head, feats, y, lr=lr, batch_size=batch_size,
-                                  generator=generator, epochs=epochs)
+                                  generator=generator, drop_last=drop_last, epochs=epochs)
 
 
 def adapt_head_copy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int, lr: float,
-                    batch_size: int, generator: torch.Generator) -> nn.Module:
+                    batch_size: int, generator: torch.Generator, drop_last: bool) -> nn.Module:
     """pFedKDH-EA: a copy of the head refined by ``steps`` head-only SGD steps on the client's *train*
     data with the backbone frozen; the persistent head itself is left unchanged."""
-    return adapt_head_copies(model, x, y, steps=[steps], lr=lr, batch_size=batch_size, generator=generator)[steps]
+    return adapt_head_copies(model, x, y, steps=[steps], lr=lr, batch_size=batch_size, generator=generator,
+                             drop_last=drop_last)[steps]
 
 
 def adapt_head_copies(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: Sequence[int], lr: float,
-                      batch_size: int, generator: torch.Generator) -> dict[int, nn.Module]:
+                      batch_size: int, generator: torch.Generator, drop_last: bool) -> dict[int, nn.Module]:
     """pFedKDH-EA (Sec. 3.4) at several step counts from one run: ``{k: the head copy after k steps}`` for
     every ``k`` in ``steps``. The first k batches of a longer run are the k batches of a k-step run (same
     generator), so each copy is the one a run of k steps gives (up to the float rounding of features taken
@@ -121,7 +124,7 @@ def adapt_head_copies(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, ste
     wanted, longest = set(steps), max(steps, default=0)
     copies: dict[int, nn.Module] = {0: copy.deepcopy(head)} if 0 in wanted else {}
     if longest > 0 and len(x) > 0:
-        batches = step_batches(len(x), batch_size, longest, generator, x.device)
+        batches = step_batches(len(x), batch_size, longest, generator, x.device, drop_last=drop_last)
         used, where = torch.unique(torch.cat(batches), return_inverse=True)
         feats, labels = backbone_features(model, x[used]), y[used]
         positions = torch.split(where, [len(b) for b in batches])

@@ -44,20 +44,33 @@ def sgd(params, lr: float, momentum: float = 0.0, weight_decay: float = 0.0) -> 
     return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
 
 
-def minibatches(n: int, batch_size: int, generator: torch.Generator, device: torch.device) -> Iterator[torch.Tensor]:
-    """Shuffled index batches covering ``range(n)`` once (the last batch may be smaller)."""
+def minibatches(n: int, batch_size: int, generator: torch.Generator, device: torch.device, *,
+                drop_last: bool) -> Iterator[torch.Tensor]:
+    """Shuffled index batches of one epoch over ``range(n)``: all of it, the last batch possibly smaller;
+    with ``drop_last`` (the config's ``drop_last_batch``) only the full batches, as PFLlib's train loader
+    (``DataLoader(drop_last=True)``), unless ``n < batch_size``, when the one batch of all ``n`` stays
+    (ours: PFLlib would train such a client not at all). The permutation is the same either way, so the
+    full batches are too."""
     order = torch.randperm(n, generator=generator).to(device)
-    for start in range(0, n, batch_size):
+    end = n - n % batch_size if drop_last and n >= batch_size else n
+    for start in range(0, end, batch_size):
         yield order[start:start + batch_size]
 
 
+def batches_per_epoch(n: int, batch_size: int, *, drop_last: bool) -> int:
+    """How many batches :func:`minibatches` yields for ``n`` samples."""
+    return n // batch_size if drop_last and n >= batch_size else -(-n // batch_size)
+
+
 def train_epochs(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int,
-                 optimizer: torch.optim.Optimizer, batch_loss: BatchLoss, generator: torch.Generator) -> float:
-    """Run ``epochs`` passes of mini-batch SGD minimising ``batch_loss(xb, yb)``; return the mean loss."""
+                 optimizer: torch.optim.Optimizer, batch_loss: BatchLoss, generator: torch.Generator,
+                 drop_last: bool) -> float:
+    """Run ``epochs`` passes of mini-batch SGD minimising ``batch_loss(xb, yb)`` (batches as
+    :func:`minibatches` with ``drop_last``); return the mean loss."""
     model.train()
     total, count = 0.0, 0
     for _ in range(epochs):
-        for idx in minibatches(len(x), batch_size, generator, x.device):
+        for idx in minibatches(len(x), batch_size, generator, x.device, drop_last=drop_last):
             optimizer.zero_grad(set_to_none=True)
             loss = batch_loss(x[idx], y[idx])
             loss.backward()
@@ -96,12 +109,12 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float,
 
 
 def step_batches(n: int, batch_size: int, steps: int, generator: torch.Generator,
-                 device: torch.device) -> list[torch.Tensor]:
+                 device: torch.device, *, drop_last: bool) -> list[torch.Tensor]:
     """Index batches of exactly ``steps`` mini-batch steps, cycling through shuffled epochs of ``range(n)``
-    (each epoch a fresh permutation, as :func:`minibatches` draws it)."""
+    (each epoch a fresh permutation, as :func:`minibatches` draws it, with ``drop_last``)."""
     batches: list[torch.Tensor] = []
     while n > 0 and len(batches) < steps:
-        for idx in minibatches(n, batch_size, generator, device):
+        for idx in minibatches(n, batch_size, generator, device, drop_last=drop_last):
             if len(batches) >= steps:
                 break
             batches.append(idx)
@@ -128,15 +141,16 @@ def head_sgd(head: nn.Module, batches, lr: float, after_step: Callable[[int], No
 
 
 def train_head_on_features(head: nn.Module, features: torch.Tensor, y: torch.Tensor, *, lr: float,
-                           batch_size: int, generator: torch.Generator, epochs: int = 0,
+                           batch_size: int, generator: torch.Generator, drop_last: bool, epochs: int = 0,
                            steps: int = 0) -> float:
     """Cross-entropy SGD on the head alone, with the backbone's features precomputed (the backbone is
     frozen, so its features are constant): ``epochs`` full passes (pFedKDH Eq. 5) or exactly ``steps``
     mini-batch steps, cycling through the data (the EA variant). Returns the mean loss."""
     if len(features) == 0:
         return float("nan")
-    total_steps = steps if steps > 0 else epochs * -(-len(features) // batch_size)
-    batches = step_batches(len(features), batch_size, total_steps, generator, features.device)
+    total_steps = steps if steps > 0 else epochs * batches_per_epoch(len(features), batch_size, drop_last=drop_last)
+    batches = step_batches(len(features), batch_size, total_steps, generator, features.device,
+                           drop_last=drop_last)
     return head_sgd(head, ((features[idx], y[idx]) for idx in batches), lr)
 
 
