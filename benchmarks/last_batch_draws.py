@@ -5,7 +5,8 @@ with ``drop_last_batch: false`` (every committed study) an epoch ends with one S
 ``n_k mod batch_size`` leftover samples, weighted like a full batch. On a label-skewed split those few
 samples are sometimes all from the client's rare classes. This script replays each evaluated round's last
 batch for every client of a finished study (the order only; nothing is trained) and sets it beside each
-row's per-client accuracy in that round.
+row's per-client accuracy in that round. Runs made with ``drop_last_batch: true`` are the control: the
+same batches are drawn and skipped, so their dips should not follow the skew.
 
 For a client and an evaluated round r: the last batch's *skew* is the total variation distance between its
 label distribution and the client's train split's (0: the same proportions; near 1: classes the client
@@ -88,8 +89,7 @@ def main() -> None:
         differ = [k for k in ORDER_KEYS if k != "data_dir" and s["config"].get(k) != first.get(k)]
         if differ:
             raise SystemExit(f"last_batch_draws: {d} differs from {run_dirs[0]} in {differ}: batches not paired")
-    if first.get("drop_last_batch"):
-        raise SystemExit("last_batch_draws: the runs dropped the short last batch (drop_last_batch true)")
+    dropped = bool(first.get("drop_last_batch"))
     cfg = build_config({k: first[k] for k in ("method", *ORDER_KEYS) if k in first} | {"data_dir": args.data_dir})
     fed = get_federation(cfg)
     batch, seed = cfg.batch_size, cfg.seed
@@ -116,7 +116,7 @@ def main() -> None:
             draws[(pid, r)] = {"size": len(idx), "labels": y[idx].tolist(), "skew": skew(y[idx], share)}
 
     table, data = [], {"study": str(args.study), "seed": args.seed, "from_round": args.from_round,
-                       "skewed_from": args.skewed, "short_at_most": args.short, "batch_size": batch, "rows": {}}
+                       "drop_last_batch": dropped, "skewed_from": args.skewed, "short_at_most": args.short, "batch_size": batch, "rows": {}}
     for row, per_client in rows.items():
         pairs = [(draws[(pid, r)]["skew"], dip, pid, r) for pid in clients
                  for r, dip in dips(per_client[pid], every).items() if r >= args.from_round]
@@ -146,6 +146,9 @@ def main() -> None:
         for w in row_data["largest_dips"]:
             worst_lines.append(f"| {row} | {w['client']} | {w['round']} | {w['dip']:+.2f} | {w['size']} | "
                                f"{w['labels']} | {w['skew']:.3f} |")
+    trained = ("The runs dropped the short last batch (`drop_last_batch: true`): the batches below were drawn "
+               "and not trained on, the control.\n\n" if dropped else
+               "The runs trained on the short last batch (`drop_last_batch: false`).\n\n")
     md = (f"# Last mini-batch draws against per-client accuracy ({args.study.name}, seed {args.seed})\n\n"
           f"`python benchmarks/last_batch_draws.py {args.study} --from-round {args.from_round} --skewed "
           f"{args.skewed} --short {args.short}`. Evaluated rounds {args.from_round}+ with both neighbouring evaluations; batch "
@@ -153,7 +156,7 @@ def main() -> None:
           f"client's accuracy minus the mean of its accuracies {every} rounds before and after (points).\n\n"
           "| row | (client, round) pairs | Spearman rho (skew, dip) | p | pairs with a short last batch | "
           "their rho | p | skewed last batches | mean dip, skewed | mean dip, rest |\n"
-          "|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(table) +
+          "|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(table) + "\n\n" + trained.rstrip() +
           "\n\nThe five largest dips of each row:\n\n| row | client | round | dip | last batch size | "
           "its labels | skew |\n|---|---|---|---|---|---|---|\n" + "\n".join(worst_lines) + "\n")
     write_report(f"last_batch/{args.name or args.study.name}", md, data)
