@@ -154,9 +154,10 @@ CORE_KEYS: tuple[Key, ...] = (
     Key("batch_size", int, 64, "mini-batch size for local training and evaluation", at_least_one),
     Key("drop_last_batch", bool, False,
         "every mini-batch SGD loop of a model (local epochs, FedBABU fine-tuning, pFedKDH head adaptation, "
-        "recalibration and warm-up, FedAS alignment; not FedALA's weight learning) skips an epoch's last batch when it is smaller than batch_size, as PFLlib's train loader "
-        "(DataLoader drop_last=True), unless a client has fewer than batch_size samples (ours: it then "
-        "trains on one batch of all of them); false: the last batch is one SGD step like any other"),
+        "recalibration and warm-up, FedAS alignment; not FedALA's weight learning) skips an epoch's last "
+        "batch when it is smaller than batch_size, as PFLlib's train loader (DataLoader drop_last=True), "
+        "unless a client has fewer than batch_size samples (ours: it then trains on one batch of all of "
+        "them); false: the last batch is one SGD step like any other"),
     Key("lr", float, 0.015, "client SGD learning rate", positive),
     Key("momentum", float, 0.0, "client SGD momentum (ours: plain SGD)", unit_interval_open_right),
     Key("weight_decay", float, 0.0, "client SGD weight decay (ours)", non_negative),
