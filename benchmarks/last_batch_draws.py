@@ -5,8 +5,9 @@ with ``drop_last_batch: false`` (every committed study) an epoch ends with one S
 ``n_k mod batch_size`` leftover samples, weighted like a full batch. On a label-skewed split those few
 samples are sometimes all from the client's rare classes. This script replays each evaluated round's last
 batch for every client of a finished study (the order only; nothing is trained) and sets it beside each
-row's per-client accuracy in that round. Runs made with ``drop_last_batch: true`` are the control: the
-same batches are drawn and skipped, so their dips should not follow the skew.
+row's per-client accuracy in that round. A method whose client draws from the same generator before its
+epochs (FedALA) trained on other batches: its row is a placebo. Runs made with ``drop_last_batch: true``
+are the control: the same batches are drawn and skipped, so their dips should not follow the skew.
 
 For a client and an evaluated round r: the last batch's *skew* is the total variation distance between its
 label distribution and the client's train split's (0: the same proportions; near 1: classes the client
@@ -46,6 +47,9 @@ from fedpers.registry.config import build_config  # noqa: E402
 
 # the keys that fix each client's samples and batch order: equal in every row, or the rows are not paired
 ORDER_KEYS = (*DATA_KEYS, "batch_size", "drop_last_batch")
+# methods whose client draws from the fit generator before its epochs: the batches replayed here are not the
+# ones they trained on, so their rows are a placebo (their dips should not follow the replayed skew)
+OTHER_ORDER = {"fedala": "its ALA step draws its sample from the fit generator before training"}
 
 
 def last_batch(n: int, batch_size: int, seed: int, server_round: int, partition_id: int) -> torch.Tensor:
@@ -95,9 +99,12 @@ def main() -> None:
     batch, seed = cfg.batch_size, cfg.seed
 
     rows: dict[str, dict[int, dict[int, float]]] = {}  # row -> client -> round -> accuracy
+    placebo: dict[str, str] = {}  # rows whose batches are another draw: why
     every = 0
     for d in run_dirs:
         records = [r for r in read_metrics(d) if r.get("per_client_acc")]
+        if summaries[d]["config"].get("method") in OTHER_ORDER:
+            placebo[d.parts[-3]] = OTHER_ORDER[summaries[d]["config"]["method"]]
         rows[d.parts[-3]] = {}
         for r in records:
             for pid, acc in r["per_client_acc"].items():
@@ -116,7 +123,8 @@ def main() -> None:
             draws[(pid, r)] = {"size": len(idx), "labels": y[idx].tolist(), "skew": skew(y[idx], share)}
 
     table, data = [], {"study": str(args.study), "seed": args.seed, "from_round": args.from_round,
-                       "drop_last_batch": dropped, "skewed_from": args.skewed, "short_at_most": args.short, "batch_size": batch, "rows": {}}
+                       "drop_last_batch": dropped, "placebo": placebo, "skewed_from": args.skewed,
+                       "short_at_most": args.short, "batch_size": batch, "rows": {}}
     for row, per_client in rows.items():
         pairs = [(draws[(pid, r)]["skew"], dip, pid, r) for pid in clients
                  for r, dip in dips(per_client[pid], every).items() if r >= args.from_round]
@@ -137,7 +145,8 @@ def main() -> None:
                                               for tt, d, pid, r in worst]}
         row_data = data["rows"][row]
         skewed_mean = f"{row_data['mean_dip_skewed']:+.2f}" if len(low) else "-"
-        table.append(f"| {row} | {len(pairs)} | {rho:+.2f} | {p_value:.1e} | {int(short.sum())} | "
+        label = f"{row} (placebo)" if row in placebo else row
+        table.append(f"| {label} | {len(pairs)} | {rho:+.2f} | {p_value:.1e} | {int(short.sum())} | "
                      f"{rho_short:+.2f} | {p_short:.1e} | {len(low)} | {skewed_mean} | "
                      f"{row_data['mean_dip_rest']:+.2f} |")
 
@@ -151,12 +160,14 @@ def main() -> None:
                "The runs trained on the short last batch (`drop_last_batch: false`).\n\n")
     md = (f"# Last mini-batch draws against per-client accuracy ({args.study.name}, seed {args.seed})\n\n"
           f"`python benchmarks/last_batch_draws.py {args.study} --from-round {args.from_round} --skewed "
-          f"{args.skewed} --short {args.short}`. Evaluated rounds {args.from_round}+ with both neighbouring evaluations; batch "
-          f"{batch}. Skew: total variation distance between the last batch's labels and the client's train split's. Dip: the "
-          f"client's accuracy minus the mean of its accuracies {every} rounds before and after (points).\n\n"
+          f"{args.skewed} --short {args.short}`. Evaluated rounds {args.from_round}+ with both neighbouring "
+          f"evaluations; batch {batch}. Skew: total variation distance between the last batch's labels and the "
+          f"client's train split's. Dip: the client's accuracy minus the mean of its accuracies {every} rounds "
+          "before and after (points).\n\n"
           "| row | (client, round) pairs | Spearman rho (skew, dip) | p | pairs with a short last batch | "
           "their rho | p | skewed last batches | mean dip, skewed | mean dip, rest |\n"
           "|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(table) + "\n\n" + trained.rstrip() +
+          "".join(f" Placebo: {row}, whose batches are another draw ({why})." for row, why in placebo.items()) +
           "\n\nThe five largest dips of each row:\n\n| row | client | round | dip | last batch size | "
           "its labels | skew |\n|---|---|---|---|---|---|---|\n" + "\n".join(worst_lines) + "\n")
     write_report(f"last_batch/{args.name or args.study.name}", md, data)
