@@ -103,12 +103,13 @@ def main() -> None:
     every = 0
     for d in run_dirs:
         records = [r for r in read_metrics(d) if r.get("per_client_acc")]
-        if summaries[d]["config"].get("method") in OTHER_ORDER:
-            placebo[d.parts[-3]] = OTHER_ORDER[summaries[d]["config"]["method"]]
-        rows[d.parts[-3]] = {}
+        row, method = d.parts[-3], summaries[d]["config"].get("method")
+        if method in OTHER_ORDER:
+            placebo[row] = OTHER_ORDER[method]
+        rows[row] = {}
         for r in records:
             for pid, acc in r["per_client_acc"].items():
-                rows[d.parts[-3]].setdefault(int(pid), {})[r["round"]] = 100 * acc
+                rows[row].setdefault(int(pid), {})[r["round"]] = 100 * acc
         rounds = [r["round"] for r in records]
         every = every or int(np.min(np.diff(rounds)))
 

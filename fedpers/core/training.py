@@ -52,8 +52,7 @@ def minibatches(n: int, batch_size: int, generator: torch.Generator, device: tor
     (ours: PFLlib would train such a client not at all). The permutation is the same either way, so the
     full batches are too."""
     order = torch.randperm(n, generator=generator).to(device)
-    end = n - n % batch_size if drop_last and n >= batch_size else n
-    for start in range(0, end, batch_size):
+    for start in range(0, batches_per_epoch(n, batch_size, drop_last=drop_last) * batch_size, batch_size):
         yield order[start:start + batch_size]
 
 
