@@ -89,10 +89,11 @@ def test_report_table_and_figures(tmp_path):
     files = report(out)
     table = (out / "table.md").read_text()
     # pFedKDH-EA: seeds give 90 and 91 -> 90.50 ± 0.50, best -> bold; Fair reads its own metric (-5)
-    assert "| pFedKDH-EA | **90.50±0.50** | **90.50±0.50** |" in table
-    assert "| pFedKDH-Fair | 85.50±0.50 |" in table
+    # (the cells differ in their finished seeds, so each names its n)
+    assert "| pFedKDH-EA | **90.50±0.50 (n=2)** | **90.50±0.50 (n=2)** |" in table
+    assert "| pFedKDH-Fair | 85.50±0.50 (n=2) |" in table
     # fedavg's metric is global accuracy (acc - 10); alpha=1.0 has only seed 0
-    assert "| fedavg | 70.50±0.50 | 70.00±0.00 |" in table
+    assert "| fedavg | 70.50±0.50 (n=2) | 70.00±0.00 (n=1) |" in table
     csv_text = (out / "table.csv").read_text()
     assert "digits_a0.5_mean" in csv_text and ",1\n" in csv_text
     names = {p.name for p in files}
@@ -298,6 +299,38 @@ def test_a_study_extends_the_one_declaration_of_a_table(tmp_path):
     # the rows run what the declaration's rows run: the same run directories
     assert {r.run_key for r in plan(sweep, tmp_path / "out")} == {"fedper", "pfedkdh_variant=ea",
                                                                    "pfedkdh_temperature=1_variant=ea"}
+
+
+def test_rows_with_their_own_seeds_are_planned_reported_with_n_and_replaced_by_a_plan_file(tmp_path):
+    """A study gives two rows three seeds and the rest one: only those rows run seeds 1 and 2, the table
+    names each cell's finished seeds (a one-seed row is not read as a mean of three), the plan survives
+    sweep.json, and a plan file extending the study runs its own seeds for the rows it chooses."""
+    text = SWEEP.replace("seeds: [0, 1]", "seeds: [0]").replace("alphas: [0.5, 1.0]", "alphas: [0.5]").replace(
+        "  - fedavg\n", "  - {label: fedavg, method: fedavg, seeds: [0, 1, 2]}\n").replace(
+        "  - {label: pFedKDH-EA, method: pfedkdh, set: {variant: ea}}",
+        "  - {label: pFedKDH-EA, method: pfedkdh, set: {variant: ea}, seeds: [0, 2]}")
+    out = tmp_path / "out"
+    runs = planned_sweep(tmp_path, text, out)
+    # seed 0 of both runs, then seed 1 of fedavg alone, then seed 2 of both (EA and Fair share their run)
+    assert [(r.seed, r.run_key) for r in runs] == [(0, "fedavg"), (0, "pfedkdh_variant=ea"), (1, "fedavg"),
+                                                    (2, "fedavg"), (2, "pfedkdh_variant=ea")]
+    for run in runs:
+        fake_run(run, [0.5, (0.9 if run.overrides["method"] == "pfedkdh" else 0.8) + 0.01 * run.seed])
+    report(out)
+    table = (out / "table.md").read_text()
+    assert "| fedavg | 71.00±0.82 (n=3) |" in table  # global accuracy: 70, 71, 72
+    assert "| pFedKDH-EA | **91.00±1.00 (n=2)** |" in table and "| pFedKDH-Fair | 86.00±1.00 (n=2) |" in table
+    assert "mean ± std over seeds 0 (fedavg: 0, 1, 2; pFedKDH-EA: 0, 2) (finished runs only)" in table
+    plan_file = tmp_path / "plan.yaml"
+    plan_file.write_text("extends: s.yaml\nrows: [fedavg, pFedKDH-EA]\nseeds: [3]\n")
+    assert {(r.seed, r.run_key) for r in plan(load_sweep(plan_file), out)} == {(3, "fedavg"),
+                                                                             (3, "pfedkdh_variant=ea")}
+    (tmp_path / "s.yaml").write_text(text.replace("seeds: [0, 2]", "seeds: [0, two]"))
+    with pytest.raises(ConfigError, match=re.escape("row pFedKDH-EA: 'seeds' must list integers, got 'two'")):
+        load_sweep(tmp_path / "s.yaml")
+    (tmp_path / "s.yaml").write_text(text.replace("seeds: [0, 2]", "seed: 2"))
+    with pytest.raises(ConfigError, match=re.escape("row pFedKDH-EA: unknown entries ['seed']")):
+        load_sweep(tmp_path / "s.yaml")
 
 
 @pytest.mark.parametrize("body, message", [

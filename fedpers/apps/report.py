@@ -99,8 +99,11 @@ def _columns(sweep: Sweep) -> list[tuple[str, float]]:
 
 def write_tables(sweep: Sweep, cells: dict, out: Path, *, value: str = "final",
                  metric: str | None = None) -> tuple[Path, Path]:
-    """``table.md`` and ``table.csv``; the best mean per column is bold in the markdown table."""
+    """``table.md`` and ``table.csv``; the best mean per column is bold in the markdown table, and each cell
+    names its number of finished seeds where the cells differ in it (rows with their own seeds, unfinished
+    runs), so that a one-seed row is not read as the mean of three."""
     cols = _columns(sweep)
+    counts = {len(cells[(m.label, d, a)]["values"]) for m in sweep.methods for d, a in cols} - {0}
     best = {}
     for d, a in cols:
         means = [np.mean(cells[(m.label, d, a)]["values"]) for m in sweep.methods if cells[(m.label, d, a)]["values"]]
@@ -125,7 +128,7 @@ def write_tables(sweep: Sweep, cells: dict, out: Path, *, value: str = "final",
                     csv_cells += ["", "", 0]
                 else:
                     mean, std = float(np.mean(vals)), float(np.std(vals))
-                    text = f"{mean:.2f}±{std:.2f}"
+                    text = f"{mean:.2f}±{std:.2f}" + (f" (n={len(vals)})" if len(counts) > 1 else "")
                     md_cells.append(f"**{text}**" if best[(d, a)] is not None and np.isclose(mean, best[(d, a)])
                                     else text)
                     csv_cells += [f"{mean:.4f}", f"{std:.4f}", len(vals)]
@@ -135,6 +138,12 @@ def write_tables(sweep: Sweep, cells: dict, out: Path, *, value: str = "final",
             lines.append(f"| {m.label} | " + " | ".join(md_cells) + " |")
             writer.writerow([m.label] + csv_cells)
     seeds = ", ".join(map(str, sweep.seeds))
+    own = {}
+    for m in sweep.methods:
+        if sweep.seeds_of(m) != sweep.seeds:
+            own.setdefault(", ".join(map(str, sweep.seeds_of(m))), []).append(m.label)
+    if own:
+        seeds += " (" + "; ".join(f"{', '.join(labels)}: {listed}" for listed, labels in own.items()) + ")"
     which = (f"every row: {metric}" if metric else "shared-model methods: global accuracy; personalized methods: "
              "personalized macro accuracy (equal weight per client) unless a row names its metric")
     sampled = sorted({c["sample"] for c in cells.values() if c.get("sample")})

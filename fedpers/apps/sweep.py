@@ -12,7 +12,11 @@ A sweep file (YAML)::
       - {label: pFedKDH-EA, method: pfedkdh, set: {variant: ea}}
       - {label: FedBABU 1 ep, method: fedbabu, set: {fedbabu_finetune_also: "1"}, metric: personalized_macro_acc_ft1,
          group: FedBABU}                          # validation.md chooses within a group (default: method + metric)
+      - {label: FedPer, method: fedper, seeds: [0, 1, 2, 3, 4]}   # a row's own seeds replace the file's
     ablation: false                               # true: `fedpers report` also draws the bar chart
+
+A row's ``seeds`` declares a study whose rows do not all get the same number of seeds (more seeds for the
+rows a claim compares); the report shows each cell's number of finished seeds where the rows differ.
 
 Rows that differ only in label/metric share their runs (pFedKDH-Fair and -EA come from one run).
 
@@ -23,6 +27,7 @@ A study that runs part of a table another sweep file declares reads it instead o
                                                   # mapping {its label: the declared label} to rename them
     base: {eval_every: 5}                        # merged over the declared base
     datasets: [mnist]                             # datasets, alphas, seeds, ablation: replaced if given
+                                                  # (seeds: every chosen row's own seeds too)
     methods: [...]                                # rows of its own, after the chosen ones
 
 The chosen rows keep their keys, metric, group and paper numbers (``paper`` entries of the study are
@@ -62,6 +67,8 @@ class MethodEntry:
     # rows with the same group are one choice in the report's validation.md (None: rows of the same method
     # and metric), e.g. FedBABU's rows reading personalized_macro_acc_ft<e> of one run
     group: str | None = None
+    # the seeds this row is run at (None: the sweep's), for studies that give some rows more seeds
+    seeds: tuple[int, ...] | None = None
 
     @property
     def run_key(self) -> str:
@@ -84,6 +91,15 @@ class Sweep:
     paper: dict[str, dict[str, float]] = field(default_factory=dict)
     # the paper's claims in checkable form (fedpers/apps/claims.py), as written in the study file
     claims: list[dict[str, Any]] = field(default_factory=list)
+
+    def seeds_of(self, entry: MethodEntry) -> list[int]:
+        """The seeds ``entry`` is run at: its own, else the sweep's."""
+        return list(entry.seeds) if entry.seeds is not None else self.seeds
+
+    @property
+    def all_seeds(self) -> list[int]:
+        """Every seed some row is run at: the sweep's, then the rows' own, in order of first mention."""
+        return list(dict.fromkeys([*self.seeds, *(s for m in self.methods for s in self.seeds_of(m))]))
 
     @property
     def columns(self) -> list[str]:
@@ -115,18 +131,19 @@ def _as_list(raw: dict, key: str, path: Path) -> list:
     return value if isinstance(value, list) else [value]
 
 
-def _numbers(raw: dict, key: str, path: Path, kind: type) -> list:
-    """The sweep's ``key`` list as numbers of ``kind``; anything else is one clear line."""
+def _numbers(raw: dict, key: str, path: Path, kind: type, where: str = "") -> list:
+    """The sweep's ``key`` list (of the entry ``where`` names, else of the file) as numbers of ``kind``;
+    anything else is one clear line."""
     out = []
     for value in _as_list(raw, key, path):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (
                 kind is int and isinstance(value, float) and not value.is_integer()):
-            raise ConfigError(f"sweep {path}: '{key}' must list {'integers' if kind is int else 'numbers'}, "
+            raise ConfigError(f"sweep {path}: {where}'{key}' must list {'integers' if kind is int else 'numbers'}, "
                               f"got {shown(value)}")
         try:
             out.append(kind(value))
         except OverflowError:  # an integer beyond float's range, or an infinite seed
-            raise ConfigError(f"sweep {path}: '{key}' lists {shown(value)}, out of range") from None
+            raise ConfigError(f"sweep {path}: {where}'{key}' lists {shown(value)}, out of range") from None
     return out
 
 
@@ -158,6 +175,7 @@ def _keys(raw: Any, where: str, path: Path) -> dict[str, Any]:
 
 
 SWEEP_ENTRIES = {"base", "methods", "datasets", "alphas", "seeds", "ablation", "paper", "claims"}
+METHOD_ENTRIES = {"label", "method", "set", "metric", "group", "seeds"}
 
 
 def _claim_rows(claim: dict) -> list[str]:
@@ -214,7 +232,10 @@ def _extended(raw: dict, p: Path, seen: tuple[Path, ...] = ()) -> dict:
     out = {key: raw.get(key, parent.get(key)) for key in ("datasets", "alphas", "seeds", "ablation")}
     out = {k: v for k, v in out.items() if v is not None}
     out["base"] = {**(parent.get("base") or {}), **(raw.get("base") or {})}
-    out["methods"] = [{**by_label[label], "label": new} for label, new in names.items()] + list(raw.get("methods") or [])
+    # the study's seeds replace the declared rows' own: a plan file running seed 3 of a row runs seed 3
+    own_seeds = {"seeds": None} if "seeds" in raw else {}
+    out["methods"] = ([{**by_label[label], "label": new, **own_seeds} for label, new in names.items()]
+                      + list(raw.get("methods") or []))
     paper = {names[label]: cells for label, cells in (parent.get("paper") or {}).items() if label in names}
     for label, cells in (raw.get("paper") or {}).items():
         paper[str(label)] = {**paper.get(str(label), {}), **(cells or {})}
@@ -257,8 +278,15 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, datasets: list[s
             methods.append(MethodEntry(item, item))
         elif isinstance(item, dict) and isinstance(item.get("method"), str):
             label = str(item.get("label", item["method"]))
+            unknown = set(map(str, item)) - METHOD_ENTRIES
+            if unknown:
+                raise ConfigError(f"sweep {p}: row {label}: unknown entries {shown(sorted(unknown))} "
+                                  f"(a row has {', '.join(sorted(METHOD_ENTRIES))}; config keys go under 'set')")
+            seeds = (None if item.get("seeds") is None
+                     else tuple(_numbers(item, "seeds", p, int, f"row {label}: ")))
             methods.append(MethodEntry(label, item["method"], _keys(item.get("set"), f"{label}: set", p),
-                                       item.get("metric"), None if item.get("group") is None else str(item["group"])))
+                                       item.get("metric"), None if item.get("group") is None else str(item["group"]),
+                                       seeds))
         else:
             raise ConfigError(f"sweep {p}: a method entry must be a name or a mapping with 'method', got "
                               f"{shown(item)}")
@@ -309,12 +337,15 @@ def run_dir_of(out: str | Path, run_key: str, dataset: str, alpha: float, seed: 
 
 def plan(sweep: Sweep, out: str | Path) -> list[PlannedRun]:
     """Every distinct run of the sweep, in a stable order: a whole table column (every method of one
-    seed, dataset and alpha) before the next, so that an unfinished sweep leaves whole columns."""
+    seed, dataset and alpha) before the next, so that an unfinished sweep leaves whole columns; a row with
+    its own seeds runs at those only."""
     runs: dict[tuple, PlannedRun] = {}
-    for seed in sweep.seeds:
+    for seed in sweep.all_seeds:
         for dataset in sweep.datasets:
             for alpha in sweep.alphas:
                 for entry in sweep.methods:
+                    if seed not in sweep.seeds_of(entry):
+                        continue
                     run_dir = run_dir_of(out, entry.run_key, dataset, alpha, seed)
                     overrides = {**sweep.base, "method": entry.method, **entry.set, "dataset": dataset,
                                  "alpha": alpha, "seed": seed, "out_dir": str(run_dir)}
@@ -341,7 +372,8 @@ def read_plan(out: str | Path) -> tuple[Sweep, list[PlannedRun]]:
     try:
         raw = json.loads(path.read_text())
         s = raw["sweep"]
-        sweep = Sweep([MethodEntry(**m) for m in s["methods"]], s["datasets"], s["alphas"], s["seeds"], s["base"],
+        sweep = Sweep([MethodEntry(**{**m, "seeds": None if m.get("seeds") is None else tuple(m["seeds"])})
+                       for m in s["methods"]], s["datasets"], s["alphas"], s["seeds"], s["base"],
                       s["ablation"], s.get("paper", {}), s.get("claims", []))
         runs = [PlannedRun(**r) for r in raw["runs"]]
         return sweep, [replace(r, run_dir=str(run_dir_of(out, r.run_key, r.dataset, r.alpha, r.seed)))
