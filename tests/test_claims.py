@@ -89,6 +89,8 @@ def test_without_per_client_values_seeds_are_paired_and_one_seed_gives_no_interv
     assert c["paired"] == "seeds" and c["pairs"] == 3 and c["diff"] == pytest.approx(2.5)
     assert (c["low"], c["high"]) == pytest.approx(interval([2.0, 2.5, 3.0])[1:])
     assert got["verdict"] == "holds" and "one_seed" not in got and got["n"] == 3
+    assert c["per_seed"] == {str(s): pytest.approx(d) for s, d in enumerate([2.0, 2.5, 3.0])}
+    assert "  - per seed: +2.00 (seed 0), +2.50 (seed 1), +3.00 (seed 2)" in (tmp_path / "three" / "claims.md").read_text()
 
 
 def test_the_clients_that_carry_a_paired_difference_are_named_with_their_test_sizes(tmp_path):

@@ -191,7 +191,7 @@ def test_report_versus_pairs_clients_of_the_same_split(tmp_path):
         if run.overrides["method"] == "fedavg":  # per-client 0.8 / 0.6 every round
             fake_run(run, [0.7] * 6, [{"0": 0.8, "1": 0.6}] * 6)
         else:  # client 0 gains 10 points in the last round only, client 1 is 5 points lower throughout
-            fake_run(run, [0.7] * 6, [{"0": 0.8, "1": 0.55}] * 5 + [{"0": 0.9, "1": 0.55}])
+            fake_run(run, [0.675] * 5 + [0.725], [{"0": 0.8, "1": 0.55}] * 5 + [{"0": 0.9, "1": 0.55}])
     report(out, versus="fedavg")
     versus = (out / "versus.md").read_text()
     # last round: +10 and -5 -> +2.50 ± 7.50 (std 10.61 / sqrt 2); last 5 rounds (2-6): +2 and -5 -> -1.50 ± 3.50
@@ -200,7 +200,8 @@ def test_report_versus_pairs_clients_of_the_same_split(tmp_path):
     assert "| pFedKDH-Fair |" not in versus  # reads another metric of EA's run: no per-client values of its own
     # pooled over seeds 0 and 1 at the final round: +10, -5, +10, -5 -> mean +2.50, SE 8.66 / 2 = 4.33,
     # t(0.975, 3) = 3.182 -> +2.50 ± 13.78
-    assert ("| pFedKDH-EA | digits α=0.5 | 0, 1 | 4 client pairs | +2.50 | -11.28 to +16.28 | 2/2 |"
+    # and each seed's own difference of the macro means: +2.50 in both
+    assert ("| pFedKDH-EA | digits α=0.5 | 0, 1 | 4 client pairs | +2.50 | -11.28 to +16.28 | 2/2 | +2.50, +2.50 |"
             in versus)
     with pytest.raises(ConfigError, match="--versus 'FedAvg' is not a row of the sweep"):
         report(out, versus="FedAvg")

@@ -204,7 +204,10 @@ def compare(a: dict[int, RowRun], b: dict[int, RowRun]) -> dict[str, Any]:
     result: dict[str, Any] = {"seeds": seeds, "n": len(seeds)}
     if not seeds:
         return result
-    result["diff"] = float(np.mean([a[s].value - b[s].value for s in seeds]))
+    # each seed's own difference beside the pooled interval: pooling per-client pairs over seeds does not
+    # show whether the seeds agree, which their spread does
+    result["per_seed"] = {s: a[s].value - b[s].value for s in seeds}
+    result["diff"] = float(np.mean(list(result["per_seed"].values())))
     per_client = all(a[s].per_client and b[s].per_client and _same_split(a[s].summary, b[s].summary) for s in seeds)
     if per_client:
         keyed = [(s, c, a[s].per_client[c] - b[s].per_client[c]) for s in seeds
@@ -352,6 +355,8 @@ def claims_markdown(results: list[dict[str, Any]], study: str) -> str:
                    else "one seed and no per-client values to pair")
             lines.append("")
             lines.append(f"- {c['a']} − {c['b']}: {c['diff']:+.2f} points; {span}; {how}: **{c['verdict']}**")
+            if len(c.get("per_seed", {})) > 1:
+                lines.append("  - per seed: " + ", ".join(f"{d:+.2f} (seed {s})" for s, d in c["per_seed"].items()))
             if c.get("largest"):
                 shown = "; ".join(f"seed {x['seed']} client {x['client']}"
                                   + (f" ({x['test_samples']} test samples)" if x["test_samples"] is not None else "")

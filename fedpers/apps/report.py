@@ -382,7 +382,8 @@ def pooled_versus_lines(sweep: Sweep, runs: list[PlannedRun], reference: str) ->
 
     entries = {m.label: m for m in sweep.methods}
     lines = ["", f"## Pooled over seeds (row - {reference}, final round, 95 % Student's t interval)", "",
-             "| method | split | seeds | paired over | diff | 95 % | higher/lower |", "|---|---|---|---|---|---|---|"]
+             "| method | split | seeds | paired over | diff | 95 % | higher/lower | per seed |",
+             "|---|---|---|---|---|---|---|---|"]
     for d, a in _columns(sweep):
         def finished(entry: MethodEntry) -> dict:
             dirs = {r.seed: r.run_dir for r in _runs_for(entry, d, a, runs)}
@@ -408,7 +409,7 @@ def pooled_versus_lines(sweep: Sweep, runs: list[PlannedRun], reference: str) ->
             # the mean the interval is about: of the per-client differences, or of the seeds' differences
             lines.append(f"| {m.label} | {dataset_tag(d)} α={a:g} | {seeds} | {over} | "
                          f"{result.get('mean', result['diff']):+.2f} | "
-                         f"{span} | {counts} |")
+                         f"{span} | {counts} | {', '.join(f'{x:+.2f}' for x in result['per_seed'].values())} |")
     return lines
 
 
