@@ -152,6 +152,21 @@ def test_a_row_that_has_not_run_is_not_run_not_a_failure(tmp_path):
     assert "| [x](#x) | not run | 0 |" in (tmp_path / "claims.md").read_text()
 
 
+def test_a_difference_rests_on_the_seeds_both_rows_finished(tmp_path):
+    """A row with more seeds than the row it is compared with: the difference and n are of the common seeds
+    (named), while each row's cell keeps its own seeds; rows finished only at different seeds are not run."""
+    runs = [make_run(tmp_path / "more", "A", 0, [0.92, 0.92]), make_run(tmp_path / "more", "A", 1, [0.99, 0.99]),
+            make_run(tmp_path / "more", "B", 0, [0.90, 0.91])]
+    got = verdicts(tmp_path / "more", ["A", "B"], runs, [{"id": "x", "order": ["A", "B"]}])["x"]
+    assert got["cells"]["A"]["n"] == 2 and got["cells"]["A"]["mean"] == pytest.approx(95.5)
+    c = got["comparisons"][0]
+    assert c["seeds"] == [0] and c["diff"] == pytest.approx(1.5) and got["n"] == 1 and got["one_seed"]
+    assert "paired over 2 client pairs of seed 0 (2 higher, 0 lower)" in (tmp_path / "more" / "claims.md").read_text()
+    apart = [make_run(tmp_path / "apart", "A", 1, [0.92]), make_run(tmp_path / "apart", "B", 0, [0.90])]
+    got = verdicts(tmp_path / "apart", ["A", "B"], apart, [{"id": "x", "order": ["A", "B"]}])["x"]
+    assert (got["verdict"], got["n"], got["why"]) == ("not run", 0, "no seed that both A and B finished")
+
+
 def test_within_judges_the_cells_that_ran_and_one_outside_fails_it_before_the_rest_run(tmp_path):
     paper = {"A": {"mnist_a0.05": 90.0}, "B": {"mnist_a0.05": 90.0}, "C": {"mnist_a0.05": 90.0}}
     near = [make_run(tmp_path / "near", "A", s, [v]) for s, v in enumerate([0.900, 0.905, 0.895])]

@@ -273,6 +273,10 @@ def judge(claim: Claim, rows: dict[str, dict[int, RowRun]], paper: dict[str, dic
         # clear gap between its ends)
         pairs = [(a, b) for i, a in enumerate(claim.rows) for b in claim.rows[i + 1:]]
         out["comparisons"] = [{"a": a, "b": b, **compare(rows[a], rows[b])} for a, b in pairs]
+        unpaired = [f"{c['a']} and {c['b']}" for c in out["comparisons"] if not c["n"]]
+        if unpaired:  # each row finished, but not at a common seed: nothing to compare yet
+            out.update(n=0, verdict="not run", why=f"no seed that both {'; '.join(unpaired)} finished")
+            return out
         verdicts = [side_of_zero(c) for c in out["comparisons"]]
         if claim.form == "delta":
             out["paper_delta"] = claim.paper
@@ -283,6 +287,10 @@ def judge(claim: Claim, rows: dict[str, dict[int, RowRun]], paper: dict[str, dic
                 out["paper_delta_inside"] = bool(c["low"] <= claim.paper <= c["high"])
         for c, v in zip(out["comparisons"], verdicts):
             c["verdict"] = v
+        # a difference rests on the seeds both rows finished, which may be fewer than each row's own
+        # (a row given more seeds than the row it is compared with)
+        n = min(c["n"] for c in out["comparisons"])
+        out["n"] = n
         out["verdict"] = "fails" if "fails" in verdicts else "holds" if all(v == "holds" for v in verdicts) else "undecided"
     else:
         # each cell that has run is judged: one outside the tolerance fails the claim before the rest run
@@ -348,9 +356,10 @@ def claims_markdown(results: list[dict[str, Any]], study: str) -> str:
                 span = "" if cell.get("low") is None else f" (95 %: {cell['low']:.2f} to {cell['high']:.2f})"
                 extra = f" {cell.get('verdict', '–')}{span} |"
             lines.append(f"| {label} | {_pct(cell['paper'])} | {ours} | {cell['n']} |{extra}")
-        for c in r.get("comparisons", []):
+        for c in r.get("comparisons", []) if r["verdict"] != "not run" else []:
             span = (f"95 % {c['low']:+.2f} to {c['high']:+.2f}" if "low" in c else "no interval")
-            how = (f"paired over {c['pairs']} client pairs ({c['higher']} higher, {c['lower']} lower)"
+            of_seeds = f" of seed{'s' if len(c['seeds']) > 1 else ''} {', '.join(map(str, c['seeds']))}"
+            how = (f"paired over {c['pairs']} client pairs{of_seeds} ({c['higher']} higher, {c['lower']} lower)"
                    if c.get("paired") == "clients" else f"paired over {c.get('pairs', 0)} seeds" if c.get("pairs", 0) > 1
                    else "one seed and no per-client values to pair")
             lines.append("")
