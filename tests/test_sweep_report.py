@@ -329,6 +329,9 @@ def test_rows_with_their_own_seeds_are_planned_reported_with_n_and_replaced_by_a
     (tmp_path / "s.yaml").write_text(text.replace("seeds: [0, 2]", "seeds: [0, two]"))
     with pytest.raises(ConfigError, match=re.escape("row pFedKDH-EA: 'seeds' must list integers, got 'two'")):
         load_sweep(tmp_path / "s.yaml")
+    (tmp_path / "s.yaml").write_text(text.replace("seeds: [0, 2]", "seeds: []"))
+    with pytest.raises(ConfigError, match=re.escape("row pFedKDH-EA: 'seeds' is empty")):
+        load_sweep(tmp_path / "s.yaml")
     (tmp_path / "s.yaml").write_text(text.replace("seeds: [0, 2]", "seed: 2"))
     with pytest.raises(ConfigError, match=re.escape("row pFedKDH-EA: unknown entries ['seed']")):
         load_sweep(tmp_path / "s.yaml")

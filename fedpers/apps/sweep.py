@@ -284,6 +284,8 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, datasets: list[s
                                   f"(a row has {', '.join(sorted(METHOD_ENTRIES))}; config keys go under 'set')")
             seeds = (None if item.get("seeds") is None
                      else tuple(_numbers(item, "seeds", p, int, f"row {label}: ")))
+            if seeds == ():
+                raise ConfigError(f"sweep {p}: row {label}: 'seeds' is empty (leave it out to run the file's seeds)")
             methods.append(MethodEntry(label, item["method"], _keys(item.get("set"), f"{label}: set", p),
                                        item.get("metric"), None if item.get("group") is None else str(item["group"]),
                                        seeds))
