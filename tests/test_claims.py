@@ -153,15 +153,24 @@ def test_a_row_that_has_not_run_is_not_run_not_a_failure(tmp_path):
 
 
 def test_a_difference_rests_on_the_seeds_both_rows_finished(tmp_path):
-    """A row with more seeds than the row it is compared with: the difference and n are of the common seeds
-    (named), while each row's cell keeps its own seeds; rows finished only at different seeds are not run."""
+    """A row with more seeds than the row it is compared with: the difference, n and the rows' cells are of
+    the common seeds (named), so a cell's mean is of the runs its difference pairs, not of seed 1's other
+    split as well; rows finished only at different seeds are not run."""
     runs = [make_run(tmp_path / "more", "A", 0, [0.92, 0.92]), make_run(tmp_path / "more", "A", 1, [0.99, 0.99]),
             make_run(tmp_path / "more", "B", 0, [0.90, 0.91])]
     got = verdicts(tmp_path / "more", ["A", "B"], runs, [{"id": "x", "order": ["A", "B"]}])["x"]
-    assert got["cells"]["A"]["n"] == 2 and got["cells"]["A"]["mean"] == pytest.approx(95.5)
+    assert got["cells"]["A"] == {"n": 1, "finished": 2, "paper": None, "mean": pytest.approx(92.0), "std": 0.0}
+    assert got["cells"]["B"]["n"] == got["cells"]["B"]["finished"] == 1 and got["cell_seeds"] == [0]
     c = got["comparisons"][0]
     assert c["seeds"] == [0] and c["diff"] == pytest.approx(1.5) and got["n"] == 1 and got["one_seed"]
-    assert "paired over 2 client pairs of seed 0 (2 higher, 0 lower)" in (tmp_path / "more" / "claims.md").read_text()
+    text = (tmp_path / "more" / "claims.md").read_text()
+    assert "paired over 2 client pairs of seed 0 (2 higher, 0 lower)" in text
+    assert "| A | – | 92.00 ± 0.00 | 1 (of 2 finished) |" in text and "| B | – | 90.50 ± 0.00 | 1 |" in text
+    assert "Cells at seed 0: the seed that every row of the claim finished," in text
+    # a within claim judges each cell on its own seeds
+    got = verdicts(tmp_path / "more", ["A", "B"], runs, [{"id": "w", "within": {"rows": ["A"], "tolerance": 10}}],
+                   paper={"A": {"mnist_a0.05": 95.0}})["w"]
+    assert got["cells"]["A"]["n"] == 2 and got["cells"]["A"]["mean"] == pytest.approx(95.5)
     apart = [make_run(tmp_path / "apart", "A", 1, [0.92]), make_run(tmp_path / "apart", "B", 0, [0.90])]
     got = verdicts(tmp_path / "apart", ["A", "B"], apart, [{"id": "x", "order": ["A", "B"]}])["x"]
     assert (got["verdict"], got["n"], got["why"]) == ("not run", 0, "no seed that both A and B finished")

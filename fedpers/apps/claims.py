@@ -256,9 +256,17 @@ def judge(claim: Claim, rows: dict[str, dict[int, RowRun]], paper: dict[str, dic
     out: dict[str, Any] = {"id": claim.id, "form": claim.form, "rows": claim.rows, "column": claim.column,
                            "value": claim.value, "metric": claim.metric, "quote": claim.quote, "where": claim.where,
                            "tolerance": claim.tolerance, "cells": {}}
+    # a difference pairs the rows on the seeds both finished; cells over each row's own seeds would set a
+    # mean of seeds 0-2 beside a mean of seed 0 (different splits), so a comparison's cells share its seeds
+    finished = {label: set(rows.get(label, {})) for label in claim.rows}
+    common = set.intersection(*finished.values()) if finished else set()
+    paired_cells = claim.form in ("order", "delta") and bool(common)
+    out["cell_seeds"] = sorted(common) if paired_cells else None
     for label in claim.rows:
-        values = [r.value for r in rows.get(label, {}).values()]
-        out["cells"][label] = {"n": len(values), "paper": paper.get(label, {}).get(claim.column),
+        kept = {s: r for s, r in rows.get(label, {}).items() if not paired_cells or s in common}
+        values = [kept[s].value for s in sorted(kept)]
+        out["cells"][label] = {"n": len(values), "finished": len(finished[label]),
+                               "paper": paper.get(label, {}).get(claim.column),
                                "mean": float(np.mean(values)) if values else None,
                                "std": float(np.std(values)) if values else None}
     not_run = [label for label in claim.rows if not rows.get(label)]
@@ -355,7 +363,13 @@ def claims_markdown(results: list[dict[str, Any]], study: str) -> str:
             if r["form"] == "within":
                 span = "" if cell.get("low") is None else f" (95 %: {cell['low']:.2f} to {cell['high']:.2f})"
                 extra = f" {cell.get('verdict', '–')}{span} |"
-            lines.append(f"| {label} | {_pct(cell['paper'])} | {ours} | {cell['n']} |{extra}")
+            n = cell["n"] if cell.get("finished", cell["n"]) == cell["n"] else f"{cell['n']} (of {cell['finished']} finished)"
+            lines.append(f"| {label} | {_pct(cell['paper'])} | {ours} | {n} |{extra}")
+        if r.get("cell_seeds") is not None and any(c["n"] != c.get("finished", c["n"]) for c in r["cells"].values()):
+            seeds = r["cell_seeds"]
+            plural = "s" if len(seeds) > 1 else ""
+            lines += ["", f"Cells at seed{plural} {', '.join(map(str, seeds))}: the seed{plural} that every row of "
+                          "the claim finished, which the differences pair; a row's other seeds are in `table.md`."]
         for c in r.get("comparisons", []) if r["verdict"] != "not run" else []:
             span = (f"95 % {c['low']:+.2f} to {c['high']:+.2f}" if "low" in c else "no interval")
             of_seeds = f" of seed{'s' if len(c['seeds']) > 1 else ''} {', '.join(map(str, c['seeds']))}"
