@@ -322,6 +322,9 @@ def test_rows_with_their_own_seeds_are_planned_reported_with_n_and_replaced_by_a
     assert "| fedavg | 71.00±0.82 (n=3) |" in table  # global accuracy: 70, 71, 72
     assert "| pFedKDH-EA | **91.00±1.00 (n=2)** |" in table and "| pFedKDH-Fair | 86.00±1.00 (n=2) |" in table
     assert "mean ± std over seeds 0 (fedavg: 0, 1, 2; pFedKDH-EA: 0, 2) (finished runs only)" in table
+    # each seed's value beside the others', so that a seed is compared with the same seed
+    assert "| fedavg | seed 0: 70.00, seed 1: 71.00, seed 2: 72.00 |" in table
+    assert "| pFedKDH-EA | seed 0: 90.00, seed 2: 92.00 |" in table
     plan_file = tmp_path / "plan.yaml"
     plan_file.write_text("extends: s.yaml\nrows: [fedavg, pFedKDH-EA]\nseeds: [3]\n")
     assert {(r.seed, r.run_key) for r in plan(load_sweep(plan_file), out)} == {(3, "fedavg"),

@@ -65,12 +65,13 @@ def collect(sweep: Sweep, runs: list[PlannedRun], *, value: str = "final",
             metric: str | None = None, validation: bool = False) -> dict[tuple[str, str, float], dict]:
     """(label, dataset, alpha) -> {"values": % per finished seed (``value`` of the row's metric, or of
     ``metric`` for every row; with ``validation``, of its :func:`validation_metric`), "curves": per-round %
-    per seed, "best": (round, %) per seed, "splits": each finished seed's client label counts}."""
+    per seed, "seeds": the seed of each value, "best": (round, %) per seed, "splits": each finished seed's
+    client label counts}."""
     cells: dict[tuple[str, str, float], dict] = {}
     for entry in sweep.methods:
         for dataset in sweep.datasets:
             for alpha in sweep.alphas:
-                values, curves, splits, sample = [], [], {}, None
+                values, seeds, curves, splits, sample = [], [], [], {}, None
                 for run in _runs_for(entry, dataset, alpha, runs):
                     summary_path = Path(run.run_dir) / "summary.json"
                     if not summary_path.exists():
@@ -82,13 +83,14 @@ def collect(sweep: Sweep, runs: list[PlannedRun], *, value: str = "final",
                     if chosen is None:
                         continue
                     values.append(100.0 * chosen)
+                    seeds.append(run.seed)
                     curves.append([(r["round"], 100.0 * r[name]) for r in read_metrics(run.run_dir)
                                    if r.get(name) is not None])
                     if summary.get("client_label_counts"):
                         splits[run.seed] = summary["client_label_counts"]
                     sample = summary.get("evaluation_sample") or sample
                 best = [max(curve, key=lambda point: point[1]) for curve in curves if curve]
-                cells[(entry.label, dataset, alpha)] = {"values": values, "curves": curves, "best": best,
+                cells[(entry.label, dataset, alpha)] = {"values": values, "seeds": seeds, "curves": curves, "best": best,
                                                         "splits": splits, "sample": sample}
     return cells
 
@@ -152,6 +154,18 @@ def write_tables(sweep: Sweep, cells: dict, out: Path, *, value: str = "final",
     note = (f"\n{VALUE_WORDS[value]} accuracy in %, mean ± std over seeds {seeds} (finished runs only); {which}; "
             "best mean per column in bold." + (" 'paper': the paper's reported value; 'diff': ours - paper." if
                                                with_paper else "") + "\n")
+    if len(counts) > 1:
+        # rows finished at different seeds: a mean over seeds 0-2 and a value of seed 0 are of different
+        # splits, so the values of each seed are set side by side, to be compared seed with seed
+        lines += ["", f"{VALUE_WORDS[value]} accuracy per seed (rows finished at different seeds: compare within a "
+                      "seed, each seed being its own split):", "",
+                  "| method | " + " | ".join(f"{dataset_tag(d)} α={a:g}" for d, a in cols) + " |",
+                  "|---|" + "---|" * len(cols)]
+        for m in sweep.methods:
+            lines.append(f"| {m.label} | " + " | ".join(
+                ", ".join(f"seed {seed}: {v:.2f}" for seed, v in zip(cells[(m.label, d, a)]["seeds"],
+                                                                      cells[(m.label, d, a)]["values"])) or "–"
+                for d, a in cols) + " |")
     lines += ["", "Best evaluated round (max over the rounds evaluated; per seed: value % (round)):", "",
               "| method | " + " | ".join(f"{dataset_tag(d)} α={a:g}" for d, a in cols) + " |",
               "|---|" + "---|" * len(cols)]
