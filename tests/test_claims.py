@@ -166,7 +166,7 @@ def test_a_difference_rests_on_the_seeds_both_rows_finished(tmp_path):
     text = (tmp_path / "more" / "claims.md").read_text()
     assert "paired over 2 client pairs of seed 0 (2 higher, 0 lower)" in text
     assert "| A | – | 92.00 ± 0.00 | 1 (of 2 finished) |" in text and "| B | – | 90.50 ± 0.00 | 1 |" in text
-    assert "Cells at seed 0: the seed that every row of the claim finished," in text
+    assert "Cells at seed 0: the seed that every row of the claim finished (each difference names" in text
     # a within claim judges each cell on its own seeds
     got = verdicts(tmp_path / "more", ["A", "B"], runs, [{"id": "w", "within": {"rows": ["A"], "tolerance": 10}}],
                    paper={"A": {"mnist_a0.05": 95.0}})["w"]

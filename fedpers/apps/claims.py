@@ -369,7 +369,7 @@ def claims_markdown(results: list[dict[str, Any]], study: str) -> str:
             seeds = r["cell_seeds"]
             plural = "s" if len(seeds) > 1 else ""
             lines += ["", f"Cells at seed{plural} {', '.join(map(str, seeds))}: the seed{plural} that every row of "
-                          "the claim finished, which the differences pair; a row's other seeds are in `table.md`."]
+                          "the claim finished (each difference names the seeds it pairs); a row's other seeds are in `table.md`."]
         for c in r.get("comparisons", []) if r["verdict"] != "not run" else []:
             span = (f"95 % {c['low']:+.2f} to {c['high']:+.2f}" if "low" in c else "no interval")
             of_seeds = f" of seed{'s' if len(c['seeds']) > 1 else ''} {', '.join(map(str, c['seeds']))}"
