@@ -88,12 +88,16 @@ def test_report_table_and_figures(tmp_path):
         fake_run(run, [base - 0.2, base + 0.01 * run.seed])
     files = report(out)
     table = (out / "table.md").read_text()
-    # pFedKDH-EA: seeds give 90 and 91 -> 90.50 ± 0.50, best -> bold; Fair reads its own metric (-5)
-    # (the cells differ in their finished seeds, so each names its n)
-    assert "| pFedKDH-EA | **90.50±0.50 (n=2)** | **90.50±0.50 (n=2)** |" in table
+    # pFedKDH-EA: seeds give 90 and 91 -> 90.50 ± 0.50, best -> bold where every row finished the same
+    # seeds (alpha 0.5); Fair reads its own metric (-5) (the cells differ in their finished seeds, so each
+    # names its n)
+    assert "| pFedKDH-EA | **90.50±0.50 (n=2)** | 90.50±0.50 (n=2) |" in table
     assert "| pFedKDH-Fair | 85.50±0.50 (n=2) |" in table
     # fedavg's metric is global accuracy (acc - 10); alpha=1.0 has only seed 0
     assert "| fedavg | 70.50±0.50 (n=2) | 70.00±0.00 (n=1) |" in table
+    # alpha=1's rows finished different seeds: its best mean is not bold, its best per seed is
+    assert "| pFedKDH-EA | seed 0: **90.00**, seed 1: **91.00** | seed 0: **90.00**, seed 1: **91.00** |" in table
+    assert "| fedavg | seed 0: 70.00, seed 1: 71.00 | seed 0: 70.00 |" in table
     csv_text = (out / "table.csv").read_text()
     assert "digits_a0.5_mean" in csv_text and ",1\n" in csv_text
     names = {p.name for p in files}
@@ -320,11 +324,13 @@ def test_rows_with_their_own_seeds_are_planned_reported_with_n_and_replaced_by_a
     report(out)
     table = (out / "table.md").read_text()
     assert "| fedavg | 71.00±0.82 (n=3) |" in table  # global accuracy: 70, 71, 72
-    assert "| pFedKDH-EA | **91.00±1.00 (n=2)** |" in table and "| pFedKDH-Fair | 86.00±1.00 (n=2) |" in table
+    assert "| pFedKDH-EA | 91.00±1.00 (n=2) |" in table and "| pFedKDH-Fair | 86.00±1.00 (n=2) |" in table
     assert "mean ± std over seeds 0 (fedavg: 0, 1, 2; pFedKDH-EA: 0, 2) (finished runs only)" in table
     # each seed's value beside the others', so that a seed is compared with the same seed
-    assert "| fedavg | seed 0: 70.00, seed 1: 71.00, seed 2: 72.00 |" in table
-    assert "| pFedKDH-EA | seed 0: 90.00, seed 2: 92.00 |" in table
+    # means over different seeds are of different splits: no mean is bold, each seed's best is
+    assert "| fedavg | seed 0: 70.00, seed 1: **71.00**, seed 2: 72.00 |" in table
+    assert "| pFedKDH-EA | seed 0: **90.00**, seed 2: **92.00** |" in table
+    assert "best mean in bold only in a column whose rows finished the same seeds" in table
     plan_file = tmp_path / "plan.yaml"
     plan_file.write_text("extends: s.yaml\nrows: [fedavg, pFedKDH-EA]\nseeds: [3]\n")
     assert {(r.seed, r.run_key) for r in plan(load_sweep(plan_file), out)} == {(3, "fedavg"),

@@ -106,6 +106,10 @@ def write_tables(sweep: Sweep, cells: dict, out: Path, *, value: str = "final",
     runs), so that a one-seed row is not read as the mean of three."""
     cols = _columns(sweep)
     counts = {len(cells[(m.label, d, a)]["values"]) for m in sweep.methods for d, a in cols} - {0}
+    # a column whose rows finished different seeds sets means of different splits side by side: no mean of
+    # it is "best", and a per-seed table marks each seed's best instead
+    same_seeds = {(d, a): len({tuple(cells[(m.label, d, a)].get("seeds", ())) for m in sweep.methods
+                               if cells[(m.label, d, a)]["values"]}) <= 1 for d, a in cols}
     best = {}
     for d, a in cols:
         means = [np.mean(cells[(m.label, d, a)]["values"]) for m in sweep.methods if cells[(m.label, d, a)]["values"]]
@@ -131,8 +135,8 @@ def write_tables(sweep: Sweep, cells: dict, out: Path, *, value: str = "final",
                 else:
                     mean, std = float(np.mean(vals)), float(np.std(vals))
                     text = f"{mean:.2f}±{std:.2f}" + (f" (n={len(vals)})" if len(counts) > 1 else "")
-                    md_cells.append(f"**{text}**" if best[(d, a)] is not None and np.isclose(mean, best[(d, a)])
-                                    else text)
+                    md_cells.append(f"**{text}**" if same_seeds[(d, a)] and best[(d, a)] is not None
+                                    and np.isclose(mean, best[(d, a)]) else text)
                     csv_cells += [f"{mean:.4f}", f"{std:.4f}", len(vals)]
                 if (d, a) in with_paper:
                     md_cells.append("–" if paper is None else f"{paper:.2f}")
@@ -151,21 +155,32 @@ def write_tables(sweep: Sweep, cells: dict, out: Path, *, value: str = "final",
     sampled = sorted({c["sample"] for c in cells.values() if c.get("sample")})
     which += (f"; personalized figures average a sample of {', '.join(map(str, sampled))} clients per evaluation "
               "(eval_clients), not every client" if sampled else "")
+    bold = ("best mean per column in bold" if all(same_seeds.values()) else
+            "best mean in bold only in a column whose rows finished the same seeds (means over different seeds "
+            "are of different splits): each seed's best value is bold in the per-seed table")
     note = (f"\n{VALUE_WORDS[value]} accuracy in %, mean ± std over seeds {seeds} (finished runs only); {which}; "
-            "best mean per column in bold." + (" 'paper': the paper's reported value; 'diff': ours - paper." if
+            f"{bold}." + (" 'paper': the paper's reported value; 'diff': ours - paper." if
                                                with_paper else "") + "\n")
-    if len(counts) > 1:
-        # rows finished at different seeds: a mean over seeds 0-2 and a value of seed 0 are of different
-        # splits, so the values of each seed are set side by side, to be compared seed with seed
+    if not all(same_seeds.values()):
+        # a mean over seeds 0-2 and a value of seed 0 are of different splits, so the values of each seed
+        # are set side by side, to be compared seed with seed
         lines += ["", f"{VALUE_WORDS[value]} accuracy per seed (rows finished at different seeds: compare within a "
                       "seed, each seed being its own split):", "",
                   "| method | " + " | ".join(f"{dataset_tag(d)} α={a:g}" for d, a in cols) + " |",
                   "|---|" + "---|" * len(cols)]
+        seed_best: dict[tuple[str, float, int], float] = {}
         for m in sweep.methods:
-            lines.append(f"| {m.label} | " + " | ".join(
-                ", ".join(f"seed {seed}: {v:.2f}" for seed, v in zip(cells[(m.label, d, a)]["seeds"],
-                                                                      cells[(m.label, d, a)]["values"])) or "–"
-                for d, a in cols) + " |")
+            for d, a in cols:
+                for seed, v in zip(cells[(m.label, d, a)]["seeds"], cells[(m.label, d, a)]["values"]):
+                    seed_best[(d, a, seed)] = max(v, seed_best.get((d, a, seed), v))
+
+        def per_seed(label: str, d: str, a: float) -> str:
+            shown = [f"seed {seed}: " + (f"**{v:.2f}**" if np.isclose(v, seed_best[(d, a, seed)]) else f"{v:.2f}")
+                     for seed, v in zip(cells[(label, d, a)]["seeds"], cells[(label, d, a)]["values"])]
+            return ", ".join(shown) or "–"
+
+        for m in sweep.methods:
+            lines.append(f"| {m.label} | " + " | ".join(per_seed(m.label, d, a) for d, a in cols) + " |")
     lines += ["", "Best evaluated round (max over the rounds evaluated; per seed: value % (round)):", "",
               "| method | " + " | ".join(f"{dataset_tag(d)} α={a:g}" for d, a in cols) + " |",
               "|---|" + "---|" * len(cols)]
