@@ -363,13 +363,15 @@ def claims_markdown(results: list[dict[str, Any]], study: str) -> str:
             if r["form"] == "within":
                 span = "" if cell.get("low") is None else f" (95 %: {cell['low']:.2f} to {cell['high']:.2f})"
                 extra = f" {cell.get('verdict', '–')}{span} |"
-            n = cell["n"] if cell.get("finished", cell["n"]) == cell["n"] else f"{cell['n']} (of {cell['finished']} finished)"
+            finished = cell.get("finished", cell["n"])
+            n = cell["n"] if finished == cell["n"] else f"{cell['n']} (of {finished} finished)"
             lines.append(f"| {label} | {_pct(cell['paper'])} | {ours} | {n} |{extra}")
         if r.get("cell_seeds") is not None and any(c["n"] != c.get("finished", c["n"]) for c in r["cells"].values()):
             seeds = r["cell_seeds"]
             plural = "s" if len(seeds) > 1 else ""
             lines += ["", f"Cells at seed{plural} {', '.join(map(str, seeds))}: the seed{plural} that every row of "
-                          "the claim finished (each difference names the seeds it pairs); a row's other seeds are in `table.md`."]
+                          "the claim finished (each difference names the seeds it pairs); a row's other seeds are "
+                          "in `table.md`."]
         for c in r.get("comparisons", []) if r["verdict"] != "not run" else []:
             span = (f"95 % {c['low']:+.2f} to {c['high']:+.2f}" if "low" in c else "no interval")
             of_seeds = f" of seed{'s' if len(c['seeds']) > 1 else ''} {', '.join(map(str, c['seeds']))}"

@@ -90,8 +90,8 @@ def collect(sweep: Sweep, runs: list[PlannedRun], *, value: str = "final",
                         splits[run.seed] = summary["client_label_counts"]
                     sample = summary.get("evaluation_sample") or sample
                 best = [max(curve, key=lambda point: point[1]) for curve in curves if curve]
-                cells[(entry.label, dataset, alpha)] = {"values": values, "seeds": seeds, "curves": curves, "best": best,
-                                                        "splits": splits, "sample": sample}
+                cells[(entry.label, dataset, alpha)] = {"values": values, "seeds": seeds, "curves": curves,
+                                                        "best": best, "splits": splits, "sample": sample}
     return cells
 
 
@@ -103,7 +103,8 @@ def write_tables(sweep: Sweep, cells: dict, out: Path, *, value: str = "final",
                  metric: str | None = None) -> tuple[Path, Path]:
     """``table.md`` and ``table.csv``; the best mean per column is bold in the markdown table, and each cell
     names its number of finished seeds where the cells differ in it (rows with their own seeds, unfinished
-    runs), so that a one-seed row is not read as the mean of three."""
+    runs), so that a one-seed row is not read as the mean of three. A column whose rows finished different
+    seeds bolds no mean; a per-seed table then sets each seed's values side by side, its best in bold."""
     cols = _columns(sweep)
     counts = {len(cells[(m.label, d, a)]["values"]) for m in sweep.methods for d, a in cols} - {0}
     # a column whose rows finished different seeds sets means of different splits side by side: no mean of
