@@ -48,7 +48,7 @@ def test_the_report_says_when_a_figure_is_a_sample(tmp_path):
     from fedpers.apps.sweep import MethodEntry, Sweep
 
     sweep = Sweep([MethodEntry("FedPer", "fedper")], ["mnist"], [0.05], [0])
-    cell = {"values": [99.0], "curves": [[(1, 99.0)]], "best": [(1, 99.0)], "splits": {}}
+    cell = {"values": [99.0], "seeds": [0], "curves": [[(1, 99.0)]], "best": [(1, 99.0)], "splits": {}}
     md, _ = write_tables(sweep, {("FedPer", "mnist", 0.05): {**cell, "sample": 100}}, tmp_path)
     assert "average a sample of 100 clients per evaluation (eval_clients)" in md.read_text()
     md, _ = write_tables(sweep, {("FedPer", "mnist", 0.05): {**cell, "sample": None}}, tmp_path)

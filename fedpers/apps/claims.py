@@ -269,7 +269,7 @@ def judge(claim: Claim, rows: dict[str, dict[int, RowRun]], paper: dict[str, dic
                                "paper": paper.get(label, {}).get(claim.column),
                                "mean": float(np.mean(values)) if values else None,
                                "std": float(np.std(values)) if values else None}
-    not_run = [label for label in claim.rows if not rows.get(label)]
+    not_run = [label for label in claim.rows if not finished[label]]
     n = min(cell["n"] for cell in out["cells"].values())
     out["n"] = n
     why_not_run = f"no finished run of {', '.join(not_run)}"
@@ -363,10 +363,9 @@ def claims_markdown(results: list[dict[str, Any]], study: str) -> str:
             if r["form"] == "within":
                 span = "" if cell.get("low") is None else f" (95 %: {cell['low']:.2f} to {cell['high']:.2f})"
                 extra = f" {cell.get('verdict', '–')}{span} |"
-            finished = cell.get("finished", cell["n"])
-            n = cell["n"] if finished == cell["n"] else f"{cell['n']} (of {finished} finished)"
+            n = cell["n"] if cell["finished"] == cell["n"] else f"{cell['n']} (of {cell['finished']} finished)"
             lines.append(f"| {label} | {_pct(cell['paper'])} | {ours} | {n} |{extra}")
-        if r.get("cell_seeds") is not None and any(c["n"] != c.get("finished", c["n"]) for c in r["cells"].values()):
+        if r["cell_seeds"] is not None and any(c["n"] != c["finished"] for c in r["cells"].values()):
             seeds = r["cell_seeds"]
             plural = "s" if len(seeds) > 1 else ""
             lines += ["", f"Cells at seed{plural} {', '.join(map(str, seeds))}: the seed{plural} that every row of "

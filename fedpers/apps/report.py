@@ -109,7 +109,7 @@ def write_tables(sweep: Sweep, cells: dict, out: Path, *, value: str = "final",
     counts = {len(cells[(m.label, d, a)]["values"]) for m in sweep.methods for d, a in cols} - {0}
     # a column whose rows finished different seeds sets means of different splits side by side: no mean of
     # it is "best", and a per-seed table marks each seed's best instead
-    same_seeds = {(d, a): len({tuple(cells[(m.label, d, a)].get("seeds", ())) for m in sweep.methods
+    same_seeds = {(d, a): len({tuple(cells[(m.label, d, a)]["seeds"]) for m in sweep.methods
                                if cells[(m.label, d, a)]["values"]}) <= 1 for d, a in cols}
     best = {}
     for d, a in cols:
