@@ -93,6 +93,28 @@ def test_without_per_client_values_seeds_are_paired_and_one_seed_gives_no_interv
     assert "  - per seed: +2.00 (seed 0), +2.50 (seed 1), +3.00 (seed 2)" in (tmp_path / "three" / "claims.md").read_text()
 
 
+def test_from_three_seeds_a_per_client_pairing_also_gives_the_interval_over_the_seeds(tmp_path):
+    """A is 1, 1 and 3 points above B on every client of seeds 0, 1, 2: the 12 pooled pairs have a narrow
+    interval above 0, the 3 seeds' own differences an interval of 2 degrees of freedom that spans 0; with
+    two seeds there is no such interval."""
+    base = [0.90, 0.92, 0.95, 0.91]
+    for seeds in (3, 2):
+        where = tmp_path / f"seeds{seeds}"
+        runs = [make_run(where, "A", s, [b + d for b in base]) for s, d in enumerate([0.01, 0.01, 0.03][:seeds])]
+        runs += [make_run(where, "B", s, base) for s in range(seeds)]
+        c = verdicts(where, ["A", "B"], runs, [{"id": "x", "order": ["A", "B"]}])["x"]["comparisons"][0]
+        assert c["paired"] == "clients" and c["pairs"] == 4 * seeds
+        if seeds == 2:
+            assert "over_seeds" not in c and "over the" not in (where / "claims.md").read_text()
+            continue
+        assert (c["low"], c["high"]) == pytest.approx(interval([1.0] * 8 + [3.0] * 4)[1:])
+        low, high = interval([1.0, 1.0, 3.0])[1:]
+        assert (c["over_seeds"]["low"], c["over_seeds"]["high"]) == pytest.approx((low, high))
+        assert low < 0 < c["low"]  # the pooled pairs hold; the seeds alone do not yet
+        assert (f"  - per seed: +1.00 (seed 0), +1.00 (seed 1), +3.00 (seed 2); over the 3 seeds 95 % "
+                f"{low:+.2f} to {high:+.2f}") in (where / "claims.md").read_text()
+
+
 def test_the_clients_that_carry_a_paired_difference_are_named_with_their_test_sizes(tmp_path):
     """One client of 4 test samples 25 points down (one sample) and the rest level: it is named first, with
     its size, and the mean without it is 0; the rest follow by |difference|, seed, then client number."""
