@@ -102,17 +102,39 @@ def test_from_three_seeds_a_per_client_pairing_also_gives_the_interval_over_the_
         where = tmp_path / f"seeds{seeds}"
         runs = [make_run(where, "A", s, [b + d for b in base]) for s, d in enumerate([0.01, 0.01, 0.03][:seeds])]
         runs += [make_run(where, "B", s, base) for s in range(seeds)]
-        c = verdicts(where, ["A", "B"], runs, [{"id": "x", "order": ["A", "B"]}])["x"]["comparisons"][0]
+        got = verdicts(where, ["A", "B"], runs, [{"id": "x", "order": ["A", "B"]},
+                                                 {"id": "y", "delta": {"a": "B", "b": "A", "paper": -2.0}}])
+        c = got["x"]["comparisons"][0]
         assert c["paired"] == "clients" and c["pairs"] == 4 * seeds
+        text = (where / "claims.md").read_text()
         if seeds == 2:
-            assert "over_seeds" not in c and "over the" not in (where / "claims.md").read_text()
+            assert "over_seeds" not in c and "seeds_alone" not in got["x"] and "over the" not in text
+            assert "| [x](#x) | holds | 2 |" in text
             continue
+        # the claim holds on the client pairs and the summary says what the seeds alone give; a delta
+        # claimed negative (B below A) is judged on its side for both
+        assert got["x"]["verdict"] == "holds" and got["x"]["seeds_alone"] == "undecided"
+        assert got["y"]["verdict"] == "holds" and got["y"]["seeds_alone"] == "undecided"
+        assert "| [x](#x) | holds; on the seeds alone undecided | 3 |" in text
         assert (c["low"], c["high"]) == pytest.approx(interval([1.0] * 8 + [3.0] * 4)[1:])
         low, high = interval([1.0, 1.0, 3.0])[1:]
         assert (c["over_seeds"]["low"], c["over_seeds"]["high"]) == pytest.approx((low, high))
         assert low < 0 < c["low"]  # the pooled pairs hold; the seeds alone do not yet
         assert (f"  - per seed: +1.00 (seed 0), +1.00 (seed 1), +3.00 (seed 2); over the 3 seeds 95 % "
-                f"{low:+.2f} to {high:+.2f}") in (where / "claims.md").read_text()
+                f"{low:+.2f} to {high:+.2f} (undecided)") in text
+
+
+def test_an_order_whose_rows_finished_different_seeds_judges_the_seeds_alone_only_where_each_pair_has_three(tmp_path):
+    """A and B at seeds 0-2, C at seeds 0-1: A − B has its interval over the seeds, A − C and B − C do not,
+    so the claim has no verdict on the seeds alone and claims.md still names A − B's."""
+    base = [0.90, 0.92, 0.95, 0.91]
+    runs = [make_run(tmp_path, "A", s, [b + 0.02 for b in base]) for s in range(3)]
+    runs += [make_run(tmp_path, "B", s, [b + 0.01 for b in base]) for s in range(3)]
+    runs += [make_run(tmp_path, "C", s, base) for s in range(2)]
+    got = verdicts(tmp_path, ["A", "B", "C"], runs, [{"id": "x", "order": ["A", "B", "C"]}])["x"]
+    assert [("over_seeds" in c, c["n"]) for c in got["comparisons"]] == [(True, 3), (False, 2), (False, 2)]
+    assert got["comparisons"][0]["over_seeds"]["verdict"] == "holds" and "seeds_alone" not in got
+    assert got["verdict"] == "holds" and "| [x](#x) | holds | 2 |" in (tmp_path / "claims.md").read_text()
 
 
 def test_the_clients_that_carry_a_paired_difference_are_named_with_their_test_sizes(tmp_path):

@@ -296,18 +296,25 @@ def judge(claim: Claim, rows: dict[str, dict[int, RowRun]], paper: dict[str, dic
         verdicts = [side_of_zero(c) for c in out["comparisons"]]
         if claim.form == "delta":
             out["paper_delta"] = claim.paper
-            if claim.paper is not None and claim.paper < 0:  # the paper claims a below b
-                verdicts = [{"holds": "fails", "fails": "holds"}.get(v, v) for v in verdicts]
+            verdicts = _on_the_claimed_side(verdicts, claim)
             c = out["comparisons"][0]
             if "low" in c and claim.paper is not None:
                 out["paper_delta_inside"] = bool(c["low"] <= claim.paper <= c["high"])
         for c, v in zip(out["comparisons"], verdicts):
             c["verdict"] = v
+        # the same verdict from the seeds' own differences, where every comparison has them: where it
+        # differs, the pooled client pairs decide what the runs alone do not, or the other way round
+        with_seeds = [c for c in out["comparisons"] if "over_seeds" in c]
+        alone = _on_the_claimed_side([side_of_zero(c["over_seeds"]) for c in with_seeds], claim)
+        for c, v in zip(with_seeds, alone):
+            c["over_seeds"]["verdict"] = v
+        if with_seeds and len(with_seeds) == len(out["comparisons"]):
+            out["seeds_alone"] = _joint_verdict(alone)
         # a difference rests on the seeds both rows finished, which may be fewer than each row's own
         # (a row given more seeds than the row it is compared with)
         n = min(c["n"] for c in out["comparisons"])
         out["n"] = n
-        out["verdict"] = "fails" if "fails" in verdicts else "holds" if all(v == "holds" for v in verdicts) else "undecided"
+        out["verdict"] = _joint_verdict(verdicts)
     else:
         # each cell that has run is judged: one outside the tolerance fails the claim before the rest run
         tol = float(claim.tolerance or 0.0)
@@ -334,6 +341,18 @@ def judge(claim: Claim, rows: dict[str, dict[int, RowRun]], paper: dict[str, dic
     if n == 1:
         out["one_seed"] = True
     return out
+
+
+def _on_the_claimed_side(verdicts: list[str], claim: Claim) -> list[str]:
+    """Side-of-zero verdicts turned round where a ``delta`` claim's paper has a below b."""
+    if claim.form == "delta" and claim.paper is not None and claim.paper < 0:
+        return [{"holds": "fails", "fails": "holds"}.get(v, v) for v in verdicts]
+    return verdicts
+
+
+def _joint_verdict(verdicts: list[str]) -> str:
+    """A claim of several comparisons fails if one fails and holds only if all hold."""
+    return "fails" if "fails" in verdicts else "holds" if all(v == "holds" for v in verdicts) else "undecided"
 
 
 # --- the files ---------------------------------------------------------------------------------------------
@@ -390,7 +409,7 @@ def claims_markdown(results: list[dict[str, Any]], study: str) -> str:
             lines.append(f"- {c['a']} − {c['b']}: {c['diff']:+.2f} points; {span}; {how}: **{c['verdict']}**")
             if len(c.get("per_seed", {})) > 1:
                 over = (f"; over the {len(c['per_seed'])} seeds 95 % {c['over_seeds']['low']:+.2f} to "
-                        f"{c['over_seeds']['high']:+.2f}" if "over_seeds" in c else "")
+                        f"{c['over_seeds']['high']:+.2f} ({c['over_seeds']['verdict']})" if "over_seeds" in c else "")
                 lines.append("  - per seed: " + ", ".join(f"{d:+.2f} (seed {s})" for s, d in c["per_seed"].items())
                              + over)
             if c.get("largest"):
@@ -409,7 +428,9 @@ def claims_markdown(results: list[dict[str, Any]], study: str) -> str:
 
 
 def _verdict_words(r: dict[str, Any]) -> str:
-    return r["verdict"] + (", one seed" if r.get("one_seed") else "")
+    alone = r.get("seeds_alone")
+    return (r["verdict"] + (", one seed" if r.get("one_seed") else "")
+            + (f"; on the seeds alone {alone}" if alone is not None and alone != r["verdict"] else ""))
 
 
 def write_claims(results: list[dict[str, Any]], out: Path, study: str) -> list[Path]:
