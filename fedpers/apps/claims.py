@@ -45,6 +45,9 @@ CLAIM_VALUES = ("final", "best", "last5")
 SUMMARY_VALUE = {"final": "final", "best": "best", "last5": "mean_last_5_evaluated"}
 CONFIDENCE = 0.95
 LARGEST_SHOWN = 3  # per-client differences named under each paired comparison
+# fewest seeds whose own differences get an interval beside a per-client pairing: two give one degree of
+# freedom, an interval about 13 times their spread, which says nothing the per-seed values do not
+SEEDS_FOR_OWN_INTERVAL = 3
 PER_CLIENT_METRIC = "personalized_macro_acc"  # the metric whose per-client values per_client_acc holds
 
 
@@ -210,7 +213,8 @@ def compare(a: dict[int, RowRun], b: dict[int, RowRun]) -> dict[str, Any]:
     # each seed's own difference beside the pooled interval: pooling per-client pairs over seeds does not
     # show whether the seeds agree, which their spread does
     result["per_seed"] = {s: a[s].value - b[s].value for s in seeds}
-    result["diff"] = float(np.mean(list(result["per_seed"].values())))
+    seed_diffs = list(result["per_seed"].values())
+    result["diff"] = float(np.mean(seed_diffs))
     per_client = all(a[s].per_client and b[s].per_client and _same_split(a[s].summary, b[s].summary) for s in seeds)
     if per_client:
         keyed = [(s, c, a[s].per_client[c] - b[s].per_client[c]) for s in seeds
@@ -228,12 +232,12 @@ def compare(a: dict[int, RowRun], b: dict[int, RowRun]) -> dict[str, Any]:
         # a seed's clients share its run (split, initial model, batch order), so the pooled pairs are not
         # independent across runs; from three seeds on, the interval of the seeds' own differences (n - 1
         # degrees of freedom) shows whether the seeds agree beyond that shared noise
-        if len(seeds) >= 3:
-            over_seeds = interval(list(result["per_seed"].values()))
-            result["over_seeds"] = {"low": over_seeds[1], "high": over_seeds[2]}
+        if len(seeds) >= SEEDS_FOR_OWN_INTERVAL:
+            _, low, high = interval(seed_diffs)
+            result["over_seeds"] = {"low": low, "high": high}
     else:
         result.update(paired="seeds", pairs=len(seeds))
-        found = interval([a[s].value - b[s].value for s in seeds])
+        found = interval(seed_diffs)
     if found is not None:
         result["mean"], result["low"], result["high"] = found
     return result
