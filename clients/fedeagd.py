@@ -29,7 +29,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from clients.base import FedPersClient
-from fedpers.algorithms.fedeagd import ema_update, fedeagd_coefficients, fusion_coefficient, historical_distillation
+from fedpers.algorithms.fedeagd import (
+    FIT_STATISTICS, ema_update, fedeagd_coefficients, fusion_coefficient, historical_distillation,
+    mechanism_statistics)
 from fedpers.core.models import set_arrays
 from fedpers.core.training import features_in_both_modes, frozen_copy
 from fedpers.core.wire import BACKBONE_ONLY, server_round_of
@@ -48,10 +50,14 @@ class FedEAGDClient(FedPersClient):
     def __init__(self, cfg, context):
         super().__init__(cfg, context)
         self.teacher: nn.Module | None = None
-        self._drift_sum = 0.0
-        self._coef_sum = 0.0
-        self._drift_max = 0.0
-        self._seen = 0
+        self.reset_statistics()
+
+    def reset_statistics(self) -> None:
+        """Start a round's record of every distilled sample's drift and coefficient and the loss terms."""
+        self._drifts: list[torch.Tensor] = []
+        self._coefs: list[torch.Tensor] = []
+        self._ce_total = 0.0
+        self._kd_total = 0.0
 
     def initialise_model(self) -> None:
         """``fedeagd_residual_init: default``: the residual's output layer at PyTorch's seeded init."""
@@ -100,11 +106,12 @@ class FedEAGDClient(FedPersClient):
         drift, coef = fedeagd_coefficients(
             z_matched, t, adaptive=self.cfg.fedeagd_kd_weighting == "adaptive", base=self.cfg.fedeagd_kd_base,
             upper=self.cfg.fedeagd_kd_max, fixed=self.cfg.fedeagd_kd_fixed)
-        self._drift_sum += float(drift.sum())
-        self._drift_max = max(self._drift_max, float(drift.max()))
-        self._coef_sum += float(coef.sum())
-        self._seen += len(drift)
-        return loss + historical_distillation(z, t, coef, self.cfg.fedeagd_kd_form)
+        kd = historical_distillation(z, t, coef, self.cfg.fedeagd_kd_form)
+        self._drifts.append(drift.detach().cpu())
+        self._coefs.append(coef.detach().cpu())
+        self._ce_total += float(loss.detach()) * len(y)
+        self._kd_total += float(kd.detach()) * len(y)
+        return loss + kd
 
     # --- Flower NumPyClient interface -------------------------------------------------------------
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
@@ -113,15 +120,17 @@ class FedEAGDClient(FedPersClient):
         self.begin_message(server_round, training=True)  # the teacher is read before the base fit
         alpha = self.set_round(server_round)
         self.teacher = self.load_teacher()
+        self.reset_statistics()
         uploaded, n, metrics = super().fit(parameters, config)
         self.teacher = None
         if self.cfg.fedeagd_teacher:
             self.update_teacher(uploaded)
         metrics["fusion"] = alpha
-        if self._seen:
-            metrics["mean_drift"] = self._drift_sum / self._seen
-            metrics["max_drift"] = self._drift_max
-            metrics["mean_kd_coef"] = self._coef_sum / self._seen
+        if self._coefs:
+            stats = mechanism_statistics(torch.cat(self._drifts), torch.cat(self._coefs), self.cfg.fedeagd_kd_max,
+                                         self._ce_total, self._kd_total)
+            metrics.update({name: stats[name] for name in FIT_STATISTICS})
+        self.reset_statistics()
         return uploaded, n, metrics
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):

@@ -20,15 +20,16 @@ from flwr.common import FitIns, FitRes, Parameters, Scalar
 from flwr.server import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
+from fedpers.algorithms.fedeagd import FIT_STATISTICS
 from fedpers.core.models import parameter_count
 from fedpers.core.wire import BACKBONE_ONLY
 from strategies.base import FedPersStrategy, parameters_nbytes
 
-# The clients' per-round drift statistics each record carries (means weighted by samples, over the round's
-# training samples; None before any client has a teacher): the mean drift 1 - cos(z, t), its maximum, and
-# the mean distillation coefficient lambda_i. summary.json names them ("round_statistics"), so that
-# `fedpers report` tabulates them (round_statistics.md): whether lambda ever leaves its base.
-ROUND_STATISTICS = ("fedeagd_mean_drift", "fedeagd_max_drift", "fedeagd_mean_kd_coef")
+# The clients' per-round mechanism statistics each record carries (FIT_STATISTICS, declared with the math:
+# sample-weighted means over the round's clients, the maximum drift a maximum; None before any client has
+# a teacher). summary.json names them ("round_statistics"), so that `fedpers report` tabulates them
+# (round_statistics.md): whether lambda leaves its base, how far it spreads, how much of the loss it is.
+ROUND_STATISTICS = tuple(f"fedeagd_{name}" for name in FIT_STATISTICS)
 
 FP32_BYTES = 4
 
@@ -57,11 +58,11 @@ class FedEAGDStrategy(FedPersStrategy):
 
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
                       failures: list[Any]) -> tuple[Parameters | None, dict[str, Scalar]]:
-        """As the base; also records per-client upload sizes and the clients' mean drift/coefficient."""
+        """As the base; also records per-client upload sizes and the clients' mechanism statistics."""
         ups = [parameters_nbytes(res.parameters) for _, res in results]
         mine = self.book.values()
         mine["fit_up_each"] = ups
-        for name in ("mean_drift", "mean_kd_coef", "max_drift"):
+        for name in FIT_STATISTICS:
             vals = [(float(res.metrics[name]), res.num_examples) for _, res in results
                     if isinstance(res.metrics.get(name), (int, float)) and math.isfinite(res.metrics[name])]
             n = sum(c for _, c in vals)

@@ -9,9 +9,9 @@ import torch.nn.functional as F
 
 from clients.fedeagd import TEACHER_STATE, FedEAGDClient
 from fedpers.registry.config import build_config
-from fedpers.algorithms.fedeagd import (distillation_coefficient, ema_update, fedeagd_coefficients,
-                                        fusion_coefficient, historical_distillation, per_sample_distillation,
-                                        representation_drift)
+from fedpers.algorithms.fedeagd import (FIT_STATISTICS, distillation_coefficient, ema_update,
+                                        fedeagd_coefficients, fusion_coefficient, historical_distillation,
+                                        mechanism_statistics, per_sample_distillation, representation_drift)
 from fedpers.core.federation import get_federation
 from fedpers.core.models import array_shapes, build_model, get_arrays, parameter_count, parameter_names, set_arrays
 from fedpers.core.training import frozen_copy
@@ -29,6 +29,24 @@ def test_drift_identical_is_zero_orthogonal_is_one_opposite_is_two():
     d = representation_drift(z, t)
     assert d.shape == (4,)
     torch.testing.assert_close(d, torch.tensor([0.0, 1.0, 0.0, 2.0]), atol=1e-6, rtol=0)
+
+
+def test_mechanism_statistics_exact_values():
+    # ten samples: drifts 0.0, 0.1, ..., 0.9; coefficient min(0.5 (1 + d), 0.9) clips the last three
+    drift = torch.arange(10, dtype=torch.float64) / 10
+    coef = distillation_coefficient(drift, 0.5, 0.9).double()
+    stats = mechanism_statistics(drift, coef, upper=0.9, ce_total=3.0, kd_total=1.0)
+    assert stats["mean_drift"] == pytest.approx(0.45)
+    assert stats["max_drift"] == pytest.approx(0.9)
+    # coefficients 0.50 0.55 ... 0.85, then 0.90 (d = 0.8 gives exactly the bound) 0.90 0.90
+    assert stats["mean_kd_coef"] == pytest.approx((0.5 * sum(1 + d / 10 for d in range(8)) + 0.9 * 2) / 10)
+    assert stats["kd_coef_p10"] == pytest.approx(0.545)  # position 0.9 between 0.50 and 0.55
+    assert stats["kd_coef_p50"] == pytest.approx(0.725)  # between 0.70 and 0.75
+    assert stats["kd_coef_p90"] == pytest.approx(0.9)
+    assert stats["kd_coef_at_bound"] == pytest.approx(0.2)
+    assert stats["kd_loss_share"] == pytest.approx(0.25)
+    assert set(stats) == set(FIT_STATISTICS)
+    assert mechanism_statistics(drift, coef, 0.9, 0.0, 0.0)["kd_loss_share"] == 0.0
 
 
 def test_drift_is_per_sample_on_flattened_maps():
@@ -213,6 +231,11 @@ def test_ema_teacher_receives_no_gradient_and_changes_only_by_ema():
     for a, old, new in zip(t2, t1, second):
         np.testing.assert_allclose(a, 0.75 * old + 0.25 * new, rtol=1e-6, atol=1e-7)
     assert metrics["mean_drift"] >= 0 and metrics["mean_kd_coef"] >= cfg.fedeagd_kd_base
+    # every declared statistic, each consistent with the others
+    assert set(FIT_STATISTICS) <= set(metrics)
+    assert cfg.fedeagd_kd_base <= metrics["kd_coef_p10"] <= metrics["kd_coef_p50"] <= metrics["kd_coef_p90"]
+    assert metrics["kd_coef_p90"] <= cfg.fedeagd_kd_max
+    assert 0 < metrics["kd_loss_share"] < 1
 
 
 def _batch_loss(cfg, ctx, server_round=2):
@@ -342,7 +365,9 @@ def test_fedeagd_simulation_counts_shared_extractor_bytes(tmp_path):
     assert rounds[1]["fedeagd_mean_drift"] >= 0 and rounds[1]["fedeagd_mean_kd_coef"] >= cfg.fedeagd_kd_base
     assert rounds[1]["fedeagd_max_drift"] >= rounds[1]["fedeagd_mean_drift"]
     # the report tabulates what the summary names (round_statistics.md)
-    assert summary["round_statistics"] == ["fedeagd_mean_drift", "fedeagd_max_drift", "fedeagd_mean_kd_coef"]
+    assert summary["round_statistics"] == [f"fedeagd_{name}" for name in FIT_STATISTICS]
+    assert rounds[1]["fedeagd_kd_coef_p10"] <= rounds[1]["fedeagd_kd_coef_p90"]
+    assert 0 < rounds[1]["fedeagd_kd_loss_share"] < 1
     assert summary["fit_bytes_up"] == sum(r["fit_bytes_up"] for r in rounds)
     assert summary["fit_messages"] == 6
     assert summary["bytes_per_client_per_round_bidirectional"] == rounds[-1]["bytes_per_client_bidirectional"]
@@ -360,8 +385,8 @@ def test_drift_of_identical_extractors_is_zero_with_dropout_on():
     client.model.train()
     train = client.data.train
     client.batch_loss(train.x[:32], train.y[:32])
-    assert client._seen == 32
-    assert client._drift_max < 1e-6 and client._drift_sum < 1e-5
+    drifts = torch.cat(client._drifts)
+    assert drifts.shape == (32,) and float(drifts.max()) < 1e-6
     assert client.model.training and client.model.backbone.training  # training mode restored
 
 

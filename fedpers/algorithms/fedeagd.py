@@ -55,6 +55,16 @@ KEYS: tuple[Key, ...] = (
         one_of("zero", "default")),
 )
 
+# The statistics of one round's training a FedEAGD client reports in its fit metrics, by name; the server
+# reads exactly these (max_drift as a maximum over clients, the rest as sample-weighted means) and writes
+# each into its round record as ``fedeagd_<name>``. They say whether the teacher and the per-sample
+# weighting can change the training at the run's values: the mean drift and coefficient, the coefficient's
+# spread over the client's samples (10th / 50th / 90th percentile, and the share of samples clipped at the
+# bound), and the distillation term's share of the client's loss (:func:`mechanism_statistics`).
+FIT_STATISTICS = ("mean_drift", "max_drift", "mean_kd_coef", "kd_coef_p10", "kd_coef_p50", "kd_coef_p90",
+                  "kd_coef_at_bound", "kd_loss_share")
+COEFFICIENT_QUANTILES = (0.1, 0.5, 0.9)
+
 DistillForm = Literal["cosine", "mse"]
 FusionMode = Literal["progressive", "always", "off"]
 COS_EPS = 1e-8
@@ -146,3 +156,25 @@ def ema_update(teacher: Sequence[np.ndarray], student: Sequence[np.ndarray], dec
         mixed = decay * t.astype(np.float64) + (1.0 - decay) * s.astype(np.float64)
         out.append(mixed.astype(t.dtype))
     return out
+
+
+def mechanism_statistics(drift: torch.Tensor, coefficients: torch.Tensor, upper: float, ce_total: float,
+                         kd_total: float) -> dict[str, float]:
+    """What the teacher does in one client's round, from every distilled sample's drift ``d_i`` and
+    coefficient ``lambda_i`` (all batches and epochs) and the round's summed loss terms: the mean and
+    maximum drift, the mean coefficient, its 10th / 50th / 90th percentiles over the samples (linear
+    interpolation), the share of samples at the bound (``lambda_i >= upper``: the clip of
+    ``min(lambda_0 (1 + d_i), upper)`` acts), and the distillation term's share of the loss,
+    ``sum_b KD_b / sum_b (CE_b + KD_b)`` with each batch's mean terms weighted by its size (not an equation
+    of the summary: the diagnostic that says whether the per-sample weighting can move the training)."""
+    drift = drift.double()
+    coefficients = coefficients.double()
+    p10, p50, p90 = torch.quantile(coefficients, torch.tensor(COEFFICIENT_QUANTILES, dtype=torch.float64)).tolist()
+    total = ce_total + kd_total
+    return {
+        "mean_drift": float(drift.mean()), "max_drift": float(drift.max()),
+        "mean_kd_coef": float(coefficients.mean()),
+        "kd_coef_p10": p10, "kd_coef_p50": p50, "kd_coef_p90": p90,
+        "kd_coef_at_bound": float((coefficients >= upper).double().mean()),
+        "kd_loss_share": kd_total / total if total > 0 else 0.0,
+    }

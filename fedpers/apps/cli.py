@@ -6,6 +6,7 @@
     fedpers methods                                             list the registered methods
     fedpers sweep SWEEP.yaml --out DIR                          methods x datasets x alpha x seeds, resumable
     fedpers report DIR                                          table.md/.csv and PNG figures of a sweep
+    fedpers data import-folder TREE --out FILE.npz [--size N]   an image-folder tree as a dataset .npz
     fedpers deploy local --clients N [CONFIG.yaml] [--set ...] --out DIR   SuperLink + N SuperNodes, TLS
     fedpers deploy restart-node --out DIR N                     SuperNode N of that deployment, again
 
@@ -84,6 +85,18 @@ def _parser() -> argparse.ArgumentParser:
     schema = sub.add_parser("schema", help="the pyproject.toml run-config table generated from the config schema")
     schema.add_argument("--write-pyproject", action="store_true", help="rewrite [tool.flwr.app.config] in pyproject.toml")
     schema.add_argument("--check", action="store_true", help="exit 1 when pyproject.toml's table is not the generated one")
+    data = sub.add_parser("data", help="datasets: turn an image-folder tree into the project's .npz layout")
+    datasub = data.add_subparsers(dest="data_command", required=True)
+    imp = datasub.add_parser("import-folder", help="TREE/train/[<domain>/]<class>/* and TREE/test/... as one .npz "
+                             "(x_train, y_train, x_test, y_test, class_names; d_train, d_test, domain_names)")
+    imp.add_argument("tree", help="the tree's root folder (holding train/ and test/)")
+    imp.add_argument("--out", required=True, help="the .npz file to write (refused when it exists)")
+    imp.add_argument("--size", type=int, default=None,
+                     help="resize every image to SIZE x SIZE (bilinear, antialiased); without it all images must "
+                          "have one size")
+    imp.add_argument("--domains", action="store_true",
+                     help="the tree has a domain level: TREE/<split>/<domain>/<class>/*")
+    imp.add_argument("--gray", action="store_true", help="convert to one grayscale channel (default: RGB)")
     deploy = sub.add_parser("deploy", help="real Flower deployment: SuperLink + SuperNodes (TLS, node auth)")
     dsub = deploy.add_subparsers(dest="deploy_command", required=True)
     local = dsub.add_parser("local", help="run one experiment on a SuperLink and N SuperNodes on 127.0.0.1")
@@ -302,6 +315,37 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data(args: argparse.Namespace) -> int:
+    """``data import-folder``: read the tree, write the .npz (never over an existing file), print its shape."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from fedpers.core.image_folder import import_image_folder
+
+    out = Path(args.out)
+    if out.suffix != ".npz":
+        raise FedpersError(f"--out {cut(str(out))}: must name a .npz file")
+    if out.exists() or out.is_symlink():
+        raise FedpersError(f"--out {cut(str(out))}: exists; a dataset file is never overwritten (remove it first)")
+    if not out.parent.is_dir():
+        raise FedpersError(f"--out {cut(str(out))}: its folder does not exist")
+    arrays = import_image_folder(Path(args.tree), size=args.size, domains=args.domains, gray=args.gray)
+    partial = out.with_name(out.name + ".partial.npz")
+    try:
+        np.savez_compressed(partial, **arrays)
+        partial.replace(out)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise FedpersError(f"--out {cut(str(out))}: cannot be written ({exc.strerror})") from None
+    x_train, x_test = arrays["x_train"], arrays["x_test"]
+    domains = f", {len(arrays['domain_names'])} domains" if "domain_names" in arrays else ""
+    print(f"fedpers | {out}: {len(x_train)} train / {len(x_test)} test images of "
+          f"{x_train.shape[2]}x{x_train.shape[1]}x{x_train.shape[3]}, {len(arrays['class_names'])} classes{domains}",
+          flush=True)
+    return 0
+
+
 def cmd_methods(_: argparse.Namespace) -> int:
     """List the registry."""
     from fedpers.registry.methods import METHODS
@@ -365,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     args = _parser().parse_args(argv)
     handler = {"run": cmd_run, "config": cmd_config, "methods": cmd_methods, "sweep": cmd_sweep, "report": cmd_report,
-               "schema": cmd_schema, "deploy": cmd_deploy}[args.command]
+               "schema": cmd_schema, "data": cmd_data, "deploy": cmd_deploy}[args.command]
     # only where the signal has its default action: a SIGINT ignored by the shell (a background job) stays so
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _interrupt)
