@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedpers.apps.claims import compare, interval, parse_claims
+from fedpers.apps.claims import RowRun, compare, interval, parse_claims, size_answer
 from fedpers.core.errors import ConfigError
 from fedpers.apps.report import write_study_claims
 from fedpers.apps.sweep import MethodEntry, PlannedRun, Sweep, load_sweep
@@ -55,15 +55,16 @@ def test_order_holds_fails_and_is_undecided_paired_over_clients(tmp_path):
         {"id": "a-over-b", "order": ["A", "B"]},
         {"id": "b-over-a", "order": ["B", "A"]},
         {"id": "c-over-b", "order": ["C", "B"]}])
-    assert got["a-over-b"]["verdict"] == "holds" and got["a-over-b"]["one_seed"]
+    assert got["a-over-b"]["verdict"] == "holds" and got["a-over-b"]["seed_note"] == "one seed"
     c = got["a-over-b"]["comparisons"][0]
     assert c["paired"] == "clients" and c["pairs"] == 4 and c["diff"] == pytest.approx(2.0)
     assert c["low"] == pytest.approx(2.0) and c["higher"] == 4  # no spread: the interval is the point
     assert got["b-over-a"]["verdict"] == "fails"
     assert got["c-over-b"]["verdict"] == "undecided"
     text = (tmp_path / "claims.md").read_text()
-    assert "| [a-over-b](#a-over-b) | holds, one seed | 1 |" in text
-    assert "| [b-over-a](#b-over-a) | fails, one seed | 1 |" in text
+    # the runs record no last-5 mean: that reading has not run
+    assert "| [a-over-b](#a-over-b) | final | holds, one seed | – | 1 | last5: not run |" in text
+    assert "| [b-over-a](#b-over-a) | final | fails, one seed | – | 1 | last5: not run |" in text
 
 
 def test_an_order_compares_every_row_with_every_later_one(tmp_path):
@@ -79,7 +80,7 @@ def test_without_per_client_values_seeds_are_paired_and_one_seed_gives_no_interv
     one = [make_run(tmp_path / "one", "A", 0, [0.99], with_clients=False),
            make_run(tmp_path / "one", "B", 0, [0.50], with_clients=False)]
     got = verdicts(tmp_path / "one", ["A", "B"], one, [{"id": "x", "order": ["A", "B"]}])["x"]
-    assert got["verdict"] == "undecided" and "low" not in got["comparisons"][0] and got["one_seed"]
+    assert got["verdict"] == "undecided" and "low" not in got["comparisons"][0] and got["seed_note"] == "one seed"
     assert "one seed and no per-client values to pair" in (tmp_path / "one" / "claims.md").read_text()
     # three seeds, A above B by 2, 2.5 and 3 points: paired over seeds
     three = [make_run(tmp_path / "three", "A", s, [0.92 + 0.005 * s], with_clients=False) for s in range(3)]
@@ -88,15 +89,15 @@ def test_without_per_client_values_seeds_are_paired_and_one_seed_gives_no_interv
     c = got["comparisons"][0]
     assert c["paired"] == "seeds" and c["pairs"] == 3 and c["diff"] == pytest.approx(2.5)
     assert (c["low"], c["high"]) == pytest.approx(interval([2.0, 2.5, 3.0])[1:])
-    assert got["verdict"] == "holds" and "one_seed" not in got and got["n"] == 3
+    assert got["verdict"] == "holds" and "seed_note" not in got and got["n"] == 3
     assert c["per_seed"] == {str(s): pytest.approx(d) for s, d in enumerate([2.0, 2.5, 3.0])}
     assert "  - per seed: +2.00 (seed 0), +2.50 (seed 1), +3.00 (seed 2)" in (tmp_path / "three" / "claims.md").read_text()
 
 
-def test_from_three_seeds_a_per_client_pairing_also_gives_the_interval_over_the_seeds(tmp_path):
+def test_from_three_seeds_the_seed_is_the_unit_and_the_pooled_pairs_are_for_reading_only(tmp_path):
     """A is 1, 1 and 3 points above B on every client of seeds 0, 1, 2: the 12 pooled pairs have a narrow
-    interval above 0, the 3 seeds' own differences an interval of 2 degrees of freedom that spans 0; with
-    two seeds there is no such interval."""
+    interval above 0, but the headline is the 3 seeds' own differences (2 degrees of freedom), which spans
+    0; with two seeds the clients of the two runs are paired and the verdict says "two seeds"."""
     base = [0.90, 0.92, 0.95, 0.91]
     for seeds in (3, 2):
         where = tmp_path / f"seeds{seeds}"
@@ -105,36 +106,102 @@ def test_from_three_seeds_a_per_client_pairing_also_gives_the_interval_over_the_
         got = verdicts(where, ["A", "B"], runs, [{"id": "x", "order": ["A", "B"]},
                                                  {"id": "y", "delta": {"a": "B", "b": "A", "paper": -2.0}}])
         c = got["x"]["comparisons"][0]
-        assert c["paired"] == "clients" and c["pairs"] == 4 * seeds
         text = (where / "claims.md").read_text()
         if seeds == 2:
-            assert "over_seeds" not in c and "seeds_alone" not in got["x"] and "over the" not in text
-            assert "| [x](#x) | holds | 2 |" in text
+            assert c["paired"] == "clients" and c["pairs"] == 8 and "pooled_clients" not in c
+            assert got["x"]["verdict"] == "holds" and got["x"]["seed_note"] == "two seeds"
+            assert "| [x](#x) | final | holds, two seeds | – | 2 |" in text
             continue
-        # the claim holds on the client pairs and the summary says what the seeds alone give; a delta
-        # claimed negative (B below A) is judged on its side for both
-        assert got["x"]["verdict"] == "holds" and got["x"]["seeds_alone"] == "undecided"
-        assert got["y"]["verdict"] == "holds" and got["y"]["seeds_alone"] == "undecided"
-        assert "| [x](#x) | holds; on the seeds alone undecided | 3 |" in text
-        assert (c["low"], c["high"]) == pytest.approx(interval([1.0] * 8 + [3.0] * 4)[1:])
+        assert c["paired"] == "seeds" and c["pairs"] == 3 and c["client_pairs"] == 12
         low, high = interval([1.0, 1.0, 3.0])[1:]
-        assert (c["over_seeds"]["low"], c["over_seeds"]["high"]) == pytest.approx((low, high))
-        assert low < 0 < c["low"]  # the pooled pairs hold; the seeds alone do not yet
-        assert (f"  - per seed: +1.00 (seed 0), +1.00 (seed 1), +3.00 (seed 2); over the 3 seeds 95 % "
-                f"{low:+.2f} to {high:+.2f} (undecided)") in text
+        assert (c["low"], c["high"]) == pytest.approx((low, high))
+        pooled = interval([1.0] * 8 + [3.0] * 4)
+        assert (c["pooled_clients"]["low"], c["pooled_clients"]["high"]) == pytest.approx(pooled[1:])
+        assert low < 0 < pooled[1]  # the pooled pairs would hold; the seeds do not yet
+        # a delta claimed negative (B below A) is judged on its side: undecided too; the paper's -2.0 lies
+        # inside B − A's interval
+        assert got["x"]["verdict"] == got["y"]["verdict"] == "undecided" and "seed_note" not in got["x"]
+        assert got["y"]["size"] == "consistent"
+        assert "| [x](#x) | final | undecided | – | 3 |" in text
+        assert f"- A − B: +1.67 points; 95 % {low:+.2f} to {high:+.2f} over 3 seeds, the seed the unit: **undecided**" in text
+        assert (f"  - the 12 client pairs pooled over the seeds (12 higher, 0 lower): 95 % {pooled[1]:+.2f} to "
+                f"{pooled[2]:+.2f}, for reading only") in text
 
 
-def test_an_order_whose_rows_finished_different_seeds_judges_the_seeds_alone_only_where_each_pair_has_three(tmp_path):
-    """A and B at seeds 0-2, C at seeds 0-1: A − B has its interval over the seeds, A − C and B − C do not,
-    so the claim has no verdict on the seeds alone and claims.md still names A − B's."""
+def test_the_seed_interval_covers_a_known_effect_where_pooled_client_pairs_do_not():
+    """Data with a known answer: 20 client differences per seed, each seed shifted by its own run effect
+    (sd 1 point) around a true difference of 0.5, client noise sd 2. Over 400 simulated studies of 3 seeds
+    the headline interval (seeds as the unit) holds the true 0.5 about 95 % of the time; the interval of the
+    60 client pairs pooled over seeds, which treats them as independent, far less often."""
+    rng = np.random.default_rng(0)
+    true, hits_seeds, hits_pooled, studies = 0.5, 0, 0, 400
+    for _ in range(studies):
+        a, b = {}, {}
+        for seed in range(3):
+            diffs = true + rng.normal(0, 1.0) + rng.normal(0, 2.0, size=20)
+            clients = {str(c): 50.0 + d for c, d in enumerate(diffs)}
+            a[seed] = RowRun(seed, float(np.mean(list(clients.values()))), clients, SPLIT)
+            b[seed] = RowRun(seed, 50.0, {str(c): 50.0 for c in range(20)}, SPLIT)
+        c = compare(a, b)
+        hits_seeds += c["low"] <= true <= c["high"]
+        hits_pooled += c["pooled_clients"]["low"] <= true <= c["pooled_clients"]["high"]
+    assert 0.92 <= hits_seeds / studies <= 0.98
+    assert hits_pooled / studies < 0.80
+
+
+def test_the_papers_size_inside_or_outside_our_interval():
+    assert size_answer(-0.14, 0.65, 1.82) == "excluded: ours smaller"
+    assert size_answer(-0.14, 0.65, 0.30) == "consistent"
+    assert size_answer(2.0, 3.0, 1.0) == "excluded: ours larger"
+    # a difference the paper claims negative: ours "smaller" is nearer 0 than the paper's
+    assert size_answer(-0.5, 0.2, -1.0, direction=-1.0) == "excluded: ours smaller"
+    assert size_answer(-3.0, -2.0, -1.0, direction=-1.0) == "excluded: ours larger"
+    assert size_answer(None, None, 1.0) is None and size_answer(0.0, 1.0, None) is None
+
+
+def test_each_claim_is_also_judged_at_the_final_round_and_the_last_five(tmp_path):
+    """A run whose last round favours A while the last 5 evaluated rounds do not: the claim's own reading
+    (final) is +5, the last-5 reading 0, and claims.md gives both."""
+    def run(label, final, mean5):
+        d = tmp_path / "runs" / label / "seed0"
+        d.mkdir(parents=True)
+        (d / "metrics.jsonl").write_text(json.dumps({"round": 10, "personalized_macro_acc": final}) + "\n")
+        (d / "summary.json").write_text(json.dumps({
+            "metric": "personalized_macro_acc", "final": {"personalized_macro_acc": final},
+            "mean_last_5_evaluated": {"personalized_macro_acc": mean5}, **SPLIT}))
+        return PlannedRun(label, "mnist", 0.05, 0, str(d), {})
+    runs = [run("A", 0.95, 0.90), run("B", 0.90, 0.90)]
+    got = verdicts(tmp_path, ["A", "B"], runs, [{"id": "x", "delta": {"a": "A", "b": "B", "paper": 5.0}}])["x"]
+    assert got["value"] == "final" and got["comparisons"][0]["diff"] == pytest.approx(5.0)
+    (last5,) = got["other_readings"]
+    assert last5["value"] == "last5" and last5["comparisons"][0]["diff"] == pytest.approx(0.0)
+    assert last5["verdict"] == "undecided" and last5["seed_note"] == "one seed"
+    text = (tmp_path / "claims.md").read_text()
+    assert "- last5: **undecided, one seed**; A − B +0.00 (no interval)" in text
+    best = verdicts(tmp_path, ["A", "B"], runs, [{"id": "x", "value": "best", "order": ["A", "B"]}])["x"]
+    assert [o["value"] for o in best["other_readings"]] == ["final", "last5"]
+
+
+def test_an_order_whose_rows_finished_different_seeds_pairs_each_comparison_on_its_own_seeds(tmp_path):
+    """A and B at seeds 0-2, C at seeds 0-1: A − B has the seed as its unit, A − C and B − C pair the
+    clients of their two common seeds, and the claim's n is the smallest (two seeds)."""
     base = [0.90, 0.92, 0.95, 0.91]
-    runs = [make_run(tmp_path, "A", s, [b + 0.02 for b in base]) for s in range(3)]
+    runs = [make_run(tmp_path, "A", s, [b + 0.02 + 0.001 * s for b in base]) for s in range(3)]
     runs += [make_run(tmp_path, "B", s, [b + 0.01 for b in base]) for s in range(3)]
     runs += [make_run(tmp_path, "C", s, base) for s in range(2)]
     got = verdicts(tmp_path, ["A", "B", "C"], runs, [{"id": "x", "order": ["A", "B", "C"]}])["x"]
-    assert [("over_seeds" in c, c["n"]) for c in got["comparisons"]] == [(True, 3), (False, 2), (False, 2)]
-    assert got["comparisons"][0]["over_seeds"]["verdict"] == "holds" and "seeds_alone" not in got
-    assert got["verdict"] == "holds" and "| [x](#x) | holds | 2 |" in (tmp_path / "claims.md").read_text()
+    assert [(c["paired"], c["n"]) for c in got["comparisons"]] == [("seeds", 3), ("clients", 2), ("clients", 2)]
+    assert got["verdict"] == "holds" and got["n"] == 2 and got["seed_note"] == "two seeds"
+
+
+def test_an_order_reads_the_papers_difference_from_its_table(tmp_path):
+    # A is 0.5 points above B on every client: the interval is the point, far below the paper's 1.82
+    runs = [make_run(tmp_path, "A", 0, [0.92, 0.93, 0.92, 0.93]), make_run(tmp_path, "B", 0, [0.915, 0.925, 0.915, 0.925])]
+    paper = {"A": {"mnist_a0.05": 92.33}, "B": {"mnist_a0.05": 90.51}}
+    got = verdicts(tmp_path, ["A", "B"], runs, [{"id": "x", "order": ["A", "B"]}], paper)["x"]
+    c = got["comparisons"][0]
+    assert c["paper_diff"] == pytest.approx(1.82) and c["size"] == got["size"]
+    assert c["size"] == size_answer(c["low"], c["high"], 1.82) == "excluded: ours smaller"
 
 
 def test_the_clients_that_carry_a_paired_difference_are_named_with_their_test_sizes(tmp_path):
@@ -168,7 +235,7 @@ def test_delta_follows_the_papers_sign_and_says_whether_its_value_is_inside(tmp_
         {"id": "costs", "delta": {"a": "A", "b": "B", "paper": 1.09}},
         {"id": "gains", "delta": {"a": "A", "b": "B", "paper": -0.5}}])
     assert got["costs"]["verdict"] == "holds" and got["costs"]["comparisons"][0]["diff"] == pytest.approx(1.25)
-    assert got["costs"]["paper_delta_inside"] is True
+    assert got["costs"]["size"] == "consistent"  # the paper's 1.09 inside our interval
     assert got["gains"]["verdict"] == "fails"  # the paper says A is below B; A is above
 
 
@@ -186,14 +253,14 @@ def test_within_uses_the_interval_over_seeds_or_the_point_of_one_seed(tmp_path):
     assert got["all"]["verdict"] == "fails"
     one = [make_run(tmp_path / "one", "A", 0, [0.91])]
     got = verdicts(tmp_path / "one", ["A"], one, [{"id": "a", "within": {"rows": ["A"], "tolerance": 1.5}}], paper)
-    assert got["a"]["verdict"] == "holds" and got["a"]["one_seed"]
+    assert got["a"]["verdict"] == "holds" and got["a"]["seed_note"] == "one seed"
 
 
 def test_a_row_that_has_not_run_is_not_run_not_a_failure(tmp_path):
     runs = [make_run(tmp_path, "A", 0, [0.5, 0.5])]
     got = verdicts(tmp_path, ["A", "B"], runs, [{"id": "x", "order": ["B", "A"]}])["x"]
     assert got["verdict"] == "not run" and "B" in got["why"] and got["n"] == 0
-    assert "| [x](#x) | not run | 0 |" in (tmp_path / "claims.md").read_text()
+    assert "| [x](#x) | final | not run | – | 0 | last5: not run |" in (tmp_path / "claims.md").read_text()
 
 
 def test_a_difference_rests_on_the_seeds_both_rows_finished(tmp_path):
@@ -203,13 +270,13 @@ def test_a_difference_rests_on_the_seeds_both_rows_finished(tmp_path):
     runs = [make_run(tmp_path / "more", "A", 0, [0.92, 0.92]), make_run(tmp_path / "more", "A", 1, [0.99, 0.99]),
             make_run(tmp_path / "more", "B", 0, [0.90, 0.91])]
     got = verdicts(tmp_path / "more", ["A", "B"], runs, [{"id": "x", "order": ["A", "B"]}])["x"]
-    assert got["cells"]["A"] == {"n": 1, "finished": 2, "paper": None, "mean": pytest.approx(92.0), "std": 0.0}
+    assert got["cells"]["A"] == {"n": 1, "finished": 2, "paper": None, "mean": pytest.approx(92.0), "sd": None}
     assert got["cells"]["B"]["n"] == got["cells"]["B"]["finished"] == 1 and got["cell_seeds"] == [0]
     c = got["comparisons"][0]
-    assert c["seeds"] == [0] and c["diff"] == pytest.approx(1.5) and got["n"] == 1 and got["one_seed"]
+    assert c["seeds"] == [0] and c["diff"] == pytest.approx(1.5) and got["n"] == 1 and got["seed_note"] == "one seed"
     text = (tmp_path / "more" / "claims.md").read_text()
-    assert "paired over 2 client pairs of seed 0 (2 higher, 0 lower)" in text
-    assert "| A | – | 92.00 ± 0.00 | 1 (of 2 finished) |" in text and "| B | – | 90.50 ± 0.00 | 1 |" in text
+    assert "over 2 client pairs of seed 0 (2 higher, 0 lower)" in text
+    assert "| A | – | 92.00 | 1 (of 2 finished) |" in text and "| B | – | 90.50 | 1 |" in text
     assert "Cells at seed 0: the seed that every row of the claim finished (each difference names" in text
     # a within claim judges each cell on its own seeds
     got = verdicts(tmp_path / "more", ["A", "B"], runs, [{"id": "w", "within": {"rows": ["A"], "tolerance": 10}}],
@@ -230,9 +297,9 @@ def test_within_judges_the_cells_that_ran_and_one_outside_fails_it_before_the_re
     far = near + [make_run(tmp_path / "near", "C", 0, [0.80])]  # 10 points below, one seed
     got = verdicts(tmp_path / "near", ["A", "B", "C"], far,
                    [{"id": "w", "within": {"rows": ["A", "B", "C"], "tolerance": 1.5}}], paper)["w"]
-    assert got["verdict"] == "fails" and got["cells"]["C"]["verdict"] == "fails" and got["one_seed"]
+    assert got["verdict"] == "fails" and got["cells"]["C"]["verdict"] == "fails" and got["seed_note"] == "one seed"
     assert got["why"] == "decided by the cells that ran; no finished run of B"
-    assert "**Verdict: fails, one seed** (decided by the cells that ran; no finished run of B)" in (
+    assert "**Verdict (final): fails, one seed** (decided by the cells that ran; no finished run of B)" in (
         tmp_path / "near" / "claims.md").read_text()
 
 

@@ -53,7 +53,8 @@ def test_every_decimal_number_in_a_block_comes_from_the_generated_files(doc):
         unknown = sorted({n for n in DECIMAL.findall(body) if n not in allowed})
         assert not unknown, f"{doc}: numbers not in {[str(d.relative_to(ROOT)) for d in dirs]}: {unknown}"
         checked += 1
-    assert checked, f"{doc} has no numbers block"
+    # a page whose every number sits in generated blocks (README.md) needs no numbers block
+    assert checked or "<!-- generated: " in (ROOT / doc).read_text(), f"{doc} has no numbers block"
 
 
 def test_a_number_not_in_the_files_is_caught(tmp_path):

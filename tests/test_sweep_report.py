@@ -88,13 +88,13 @@ def test_report_table_and_figures(tmp_path):
         fake_run(run, [base - 0.2, base + 0.01 * run.seed])
     files = report(out)
     table = (out / "table.md").read_text()
-    # pFedKDH-EA: seeds give 90 and 91 -> 90.50 ± 0.50, best -> bold where every row finished the same
+    # pFedKDH-EA: seeds give 90 and 91 -> 90.50 ± 0.71 (sample SD), best -> bold where every row finished the same
     # seeds (alpha 0.5); Fair reads its own metric (-5) (the cells differ in their finished seeds, so each
     # names its n)
-    assert "| pFedKDH-EA | **90.50±0.50 (n=2)** | 90.50±0.50 (n=2) |" in table
-    assert "| pFedKDH-Fair | 85.50±0.50 (n=2) |" in table
+    assert "| pFedKDH-EA | **90.50±0.71 (n=2)** | 90.50±0.71 (n=2) |" in table
+    assert "| pFedKDH-Fair | 85.50±0.71 (n=2) |" in table
     # fedavg's metric is global accuracy (acc - 10); alpha=1.0 has only seed 0
-    assert "| fedavg | 70.50±0.50 (n=2) | 70.00±0.00 (n=1) |" in table
+    assert "| fedavg | 70.50±0.71 (n=2) | 70.00 (n=1) |" in table
     # alpha=1's rows finished different seeds: its best mean is not bold, its best per seed is
     assert "| pFedKDH-EA | seed 0: **90.00**, seed 1: **91.00** | seed 0: **90.00**, seed 1: **91.00** |" in table
     assert "| fedavg | seed 0: 70.00, seed 1: 71.00 | seed 0: 70.00 |" in table
@@ -112,16 +112,39 @@ def test_report_best_value_one_metric_for_all_rows_paper_columns_and_splits(tmp_
     report(out, value="best")
     table = (out / "table.md").read_text()
     assert "| method | digits α=0.5 | paper | diff | digits α=1 |" in table
-    assert "| fedavg | 85.00±0.00 | 75.00 | +10.00 | 85.00±0.00 |" in table  # its global accuracy in round 2
-    assert "| pFedKDH-EA | **95.00±0.00** | – |  | **95.00±0.00** |" in table  # no paper value for this row
-    assert "| pFedKDH-Fair | 90.00±0.00 |" in table
+    assert "| fedavg | 85.00±0.00 (n=2) | 75.00 | +10.00 | 85.00±0.00 (n=2) |" in table  # its global accuracy in round 2
+    assert "| pFedKDH-EA | **95.00±0.00 (n=2)** | – |  | **95.00±0.00 (n=2)** |" in table  # no paper value for this row
+    assert "| pFedKDH-Fair | 90.00±0.00 (n=2) |" in table
     assert "Best-evaluated-round accuracy" in table
     report(out, metric="personalized_macro_acc")  # one metric for every row, final round
     table = (out / "table.md").read_text()
-    assert "| fedavg | **70.00±0.00** | 75.00 | -5.00 |" in table and "every row: personalized_macro_acc" in table
+    assert "| fedavg | **70.00±0.00 (n=2)** | 75.00 | -5.00 |" in table and "every row: personalized_macro_acc" in table
     assert (out / "split_digits_a0.5_seed0.png").is_file() and (out / "split_digits_a1_seed1.png").is_file()
     with pytest.raises(ConfigError, match="value must be one of"):
         report(out, value="max")
+
+
+def test_a_studys_report_entry_is_how_report_reads_it_unless_told(tmp_path):
+    """``report: {value: best}`` in the sweep file: ``fedpers report DIR`` alone reads the best round, an explicit
+    value still wins, and the last-5 table sits beside the headline one."""
+    out = tmp_path / "out"
+    for run in planned_sweep(tmp_path, SWEEP + "report: {value: best, versus: [fedavg]}\n", out):
+        fake_run(run, [0.9, 0.95, 0.7])
+    report(out)
+    table = (out / "table.md").read_text()
+    assert "Best-evaluated-round accuracy" in table and (out / "versus.md").is_file()
+    assert "Mean of the last 5 evaluated rounds' accuracy (mean ± sample SD over seeds, n)" in table
+    report(out, value="final")
+    assert "Final-round accuracy" in (out / "table.md").read_text()
+    for bad, words in (("{value: max}", "report: 'value' must be one of final, best, last5"),
+                       ("{versus: [nobody]}", "report: versus ['nobody'] is not a row of the study"),
+                       ("{colour: red}", "report: unknown entries ['colour']"),
+                       ("[best]", "'report' is a mapping")):
+        path = tmp_path / "bad.yaml"
+        path.write_text(SWEEP + f"report: {bad}\n")
+        with pytest.raises(ConfigError, match="report") as info:
+            load_sweep(path)
+        assert words in str(info.value) and "\n" not in str(info.value)
 
 
 def test_ready_sweep_files_are_valid():
@@ -255,8 +278,8 @@ def test_report_finds_the_runs_of_a_sweep_directory_moved_elsewhere(tmp_path):
     shutil.rmtree(ran_in)
     report(moved)
     table = (moved / "table.md").read_text()
-    assert "| fedavg | **80.00±0.00** | **80.00±0.00** |" in table  # global_acc = accuracy - 0.1
-    assert "| pFedKDH-EA | 60.00±0.00 | 60.00±0.00 |" in table
+    assert "| fedavg | **80.00±0.00 (n=2)** | **80.00±0.00 (n=2)** |" in table  # global_acc = accuracy - 0.1
+    assert "| pFedKDH-EA | 60.00±0.00 (n=2) | 60.00±0.00 (n=2) |" in table
 
 
 TABLE = """\
@@ -323,9 +346,9 @@ def test_rows_with_their_own_seeds_are_planned_reported_with_n_and_replaced_by_a
         fake_run(run, [0.5, (0.9 if run.overrides["method"] == "pfedkdh" else 0.8) + 0.01 * run.seed])
     report(out)
     table = (out / "table.md").read_text()
-    assert "| fedavg | 71.00±0.82 (n=3) |" in table  # global accuracy: 70, 71, 72
-    assert "| pFedKDH-EA | 91.00±1.00 (n=2) |" in table and "| pFedKDH-Fair | 86.00±1.00 (n=2) |" in table
-    assert "mean ± std over seeds 0 (fedavg: 0, 1, 2; pFedKDH-EA: 0, 2) (finished runs only)" in table
+    assert "| fedavg | 71.00±1.00 (n=3) |" in table  # global accuracy: 70, 71, 72
+    assert "| pFedKDH-EA | 91.00±1.41 (n=2) |" in table and "| pFedKDH-Fair | 86.00±1.41 (n=2) |" in table
+    assert "mean ± sample SD (ddof 1) over seeds 0 (fedavg: 0, 1, 2; pFedKDH-EA: 0, 2) with n (finished runs only)" in table
     # each seed's value beside the others', so that a seed is compared with the same seed
     # means over different seeds are of different splits: no mean is bold, each seed's best is
     assert "| fedavg | seed 0: 70.00, seed 1: **71.00**, seed 2: 72.00 |" in table

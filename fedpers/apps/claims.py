@@ -12,18 +12,24 @@ A study (sweep) file may hold ``claims:``, a list of entries::
         # delta: {a: FedEAGD, b: "w/o teacher", paper: 1.09}   # a - b, the paper's difference in points, or
         # within: {rows: [FedPer, FedAvg], tolerance: 1.5}     # each cell within tolerance of the paper's
 
-Two rows are compared by the difference ``a - b`` in points with a 95 % interval (Student's t, scipy):
-paired per client, pooled over the seeds and clients, where both rows read per-client accuracies of runs on
-the same split (``personalized_macro_acc`` and its variants, from ``per_client_acc``, ``per_client_acc_fair``,
-...; for ``final`` the last round's, ``last5`` the mean of each client over the last 5 evaluated rounds,
-``best`` each run's best round); otherwise paired over the seeds both rows finished (needs two or more). An
-``order`` claim compares every row with every later one. A comparison **holds** when the interval lies above 0, **fails**
-when it lies below, and is **undecided** when it spans 0 or no interval exists (one seed and no per-client
-values). From three seeds on, a per-client pairing also reports the interval of the seeds' own
-differences and its verdict (a seed's clients share its run, so they are not independent across runs);
-a claim says where that verdict differs. A ``within`` cell holds when the interval of its mean over seeds
-lies inside paper ± tolerance and fails when it lies outside; with one seed the point decides and the
-verdict says "one seed". A claim one of whose rows has not run is **not run**, never a failure.
+Two rows are compared by the difference ``a - b`` in points over the seeds both finished, with one headline
+95 % interval (Student's t, scipy) whose unit respects the design (:func:`compare`): from three seeds on the
+seed is the unit (the interval of the seeds' own differences; a seed's clients are nested in its run);
+with one or two seeds, where both rows read per-client accuracies of runs on the same split
+(``personalized_macro_acc`` and its variants, from ``per_client_acc``, ``per_client_acc_fair``, ...; for
+``final`` the last round's, ``last5`` the mean of each client over the last 5 evaluated rounds, ``best``
+each run's best round), the clients of those runs are paired and the verdict says "one seed" / "two
+seeds"; otherwise the seeds are paired. An ``order`` claim compares every row with every later one.
+
+Every claim gets two answers. The **sign**: a comparison **holds** when the interval lies on the claimed
+side of 0, **fails** when it lies on the other, and is **undecided** when it spans 0 or no interval exists
+(one seed and no per-client values). The **size** (:func:`size_answer`): the paper's number (a ``delta``'s
+difference; an ``order``'s difference of the study's ``paper:`` numbers where both rows have one; a
+``within`` cell's value) inside our interval is "consistent", outside it "excluded: ours smaller / larger".
+A ``within`` cell holds when the interval of its mean over seeds lies inside paper ± tolerance and fails
+when it lies outside; with one seed the point decides. A claim one of whose rows has not run is **not
+run**, never a failure. ``fedpers report`` judges each claim at its own ``value`` and also at ``final``
+and ``last5`` (``other_readings``): the rule is the same for every study, declared in docs/running.md.
 """
 
 from __future__ import annotations
@@ -45,9 +51,10 @@ CLAIM_VALUES = ("final", "best", "last5")
 SUMMARY_VALUE = {"final": "final", "best": "best", "last5": "mean_last_5_evaluated"}
 CONFIDENCE = 0.95
 LARGEST_SHOWN = 3  # per-client differences named under each paired comparison
-# fewest seeds whose own differences get an interval beside a per-client pairing: two give one degree of
-# freedom, an interval about 13 times their spread, which says nothing the per-seed values do not
-SEEDS_FOR_OWN_INTERVAL = 3
+# From this many seeds on the seed is the unit of every headline interval. Two give one degree of freedom, an
+# interval about 13 times their spread, which says nothing the per-seed values do not; one gives none.
+SEEDS_AS_UNIT = 3
+SEED_WORDS = {1: "one seed", 2: "two seeds"}
 PER_CLIENT_METRIC = "personalized_macro_acc"  # the metric whose per-client values per_client_acc holds
 
 
@@ -202,25 +209,34 @@ def interval(samples: list[float]) -> tuple[float, float, float] | None:
 
 
 def compare(a: dict[int, RowRun], b: dict[int, RowRun]) -> dict[str, Any]:
-    """``a - b`` in points: over the seeds both rows finished, the mean difference of their values, and the
-    95 % interval, paired per client (pooled over seeds and clients) where every seed's two runs share a
-    split and have per-client values, else paired over seeds. Beside a pooled interval of three or more
-    seeds, ``over_seeds`` is the interval of the seeds' own differences."""
+    """``a - b`` in points over the seeds both rows finished: each seed's difference of the two values, their
+    mean, and one headline 95 % interval whose unit respects the design (clients are nested in seeds: a
+    seed's clients share its split, initial model and batch order).
+
+    * From :data:`SEEDS_AS_UNIT` seeds on, the seed is the unit: the Student's t interval of the seeds' own
+      differences (``paired = "seeds"``). A seed's difference of personalized macro accuracies is the mean
+      of its clients' differences, so with the same clients in every seed this is the interval of the
+      fixed effect in a random-intercept model of the client differences with the seed as the random
+      effect (balanced nested design); ``pooled_clients`` keeps the client pairs pooled over seeds beside
+      it, for reading only (it treats the runs' shared noise as independent and is too narrow).
+    * Below that, where both rows have per-client values on the same split, the clients of the one or two
+      runs are paired (``paired = "clients"``): an interval of within-run noise only, which the verdict
+      labels "one seed" / "two seeds". Without per-client values, the seeds are paired (two give an
+      interval, one none)."""
     seeds = sorted(set(a) & set(b))
     result: dict[str, Any] = {"seeds": seeds, "n": len(seeds)}
     if not seeds:
         return result
-    # each seed's own difference beside the pooled interval: pooling per-client pairs over seeds does not
-    # show whether the seeds agree, which their spread does
     result["per_seed"] = {s: a[s].value - b[s].value for s in seeds}
     seed_diffs = list(result["per_seed"].values())
     result["diff"] = float(np.mean(seed_diffs))
     per_client = all(a[s].per_client and b[s].per_client and _same_split(a[s].summary, b[s].summary) for s in seeds)
+    pooled = None
     if per_client:
         keyed = [(s, c, a[s].per_client[c] - b[s].per_client[c]) for s in seeds
                  for c in sorted(set(a[s].per_client) & set(b[s].per_client), key=_client_order)]
         diffs = [d for _, _, d in keyed]
-        result.update(paired="clients", pairs=len(diffs), higher=int(sum(d > 1e-9 for d in diffs)),
+        result.update(client_pairs=len(diffs), higher=int(sum(d > 1e-9 for d in diffs)),
                       lower=int(sum(d < -1e-9 for d in diffs)))
         # which clients carry the mean: a client of 4 test samples moves by 25 points per sample
         ranked = sorted(keyed, key=lambda k: (-abs(k[2]), k[0], _client_order(k[1])))
@@ -228,19 +244,48 @@ def compare(a: dict[int, RowRun], b: dict[int, RowRun]) -> dict[str, Any]:
                              for s, c, d in ranked[:LARGEST_SHOWN]]
         if len(diffs) > 1:
             result["mean_without_largest"] = float(np.mean([d for _, _, d in ranked[1:]]))
-        found = interval(diffs)
-        # a seed's clients share its run (split, initial model, batch order), so the pooled pairs are not
-        # independent across runs; from three seeds on, the interval of the seeds' own differences (n - 1
-        # degrees of freedom) shows whether the seeds agree beyond that shared noise
-        if len(seeds) >= SEEDS_FOR_OWN_INTERVAL:
-            _, low, high = interval(seed_diffs)
-            result["over_seeds"] = {"low": low, "high": high}
+        pooled = interval(diffs)
+    if len(seeds) >= SEEDS_AS_UNIT:
+        result.update(paired="seeds", pairs=len(seeds))
+        found = interval(seed_diffs)
+        if pooled is not None:
+            result["pooled_clients"] = {"low": pooled[1], "high": pooled[2]}
+    elif per_client:
+        result.update(paired="clients", pairs=result["client_pairs"])
+        found = pooled
     else:
         result.update(paired="seeds", pairs=len(seeds))
         found = interval(seed_diffs)
     if found is not None:
         result["mean"], result["low"], result["high"] = found
     return result
+
+
+def size_answer(low: float | None, high: float | None, paper: float | None, direction: float = 1.0) -> str | None:
+    """Whether the paper's number lies in our 95 % interval: ``consistent``, or ``excluded: ours smaller`` /
+    ``excluded: ours larger`` (None: no paper number or no interval). ``direction`` -1 reads a difference
+    the paper claims negative in its own direction: ours "smaller" is then closer to 0 than the paper's."""
+    if paper is None or low is None or high is None:
+        return None
+    if low <= paper <= high:
+        return "consistent"
+    below = paper > high if direction >= 0 else paper < low
+    return "excluded: ours smaller" if below else "excluded: ours larger"
+
+
+def _joint_size(sizes: list[tuple[str, str | None]]) -> str | None:
+    """One size answer for a claim of several comparisons or cells (``(what, answer)`` pairs): the common
+    answer, else each excluded one named."""
+    given = [(what, s) for what, s in sizes if s is not None]
+    if not given:
+        return None
+    answers = {s for _, s in given}
+    if len(answers) == 1 and len(given) == len(sizes):
+        return given[0][1]
+    excluded = [f"{what}: {s.removeprefix('excluded: ')}" for what, s in given if s.startswith("excluded")]
+    if not excluded:
+        return "consistent where a paper number exists"
+    return "excluded (" + "; ".join(excluded) + ")"
 
 
 def _client_order(client: str) -> tuple[int, str]:
@@ -264,11 +309,18 @@ def side_of_zero(comparison: dict[str, Any]) -> str:
     return "undecided"
 
 
+def _sample_sd(values: list[float]) -> float | None:
+    """The sample standard deviation (ddof 1) of two or more values; None for one."""
+    return float(np.std(values, ddof=1)) if len(values) > 1 else None
+
+
 def judge(claim: Claim, rows: dict[str, dict[int, RowRun]], paper: dict[str, dict[str, float]]) -> dict[str, Any]:
-    """The verdict of one claim with the numbers behind it (``rows``: label -> seed -> finished run)."""
+    """The verdict of one claim at its ``value`` (``rows``: label -> seed -> finished run), with the numbers
+    behind it: the sign (holds / fails / undecided on the headline interval of :func:`compare`) and the
+    size (:func:`size_answer`: the paper's number inside our interval or not)."""
     out: dict[str, Any] = {"id": claim.id, "form": claim.form, "rows": claim.rows, "column": claim.column,
                            "value": claim.value, "metric": claim.metric, "quote": claim.quote, "where": claim.where,
-                           "tolerance": claim.tolerance, "cells": {}}
+                           "tolerance": claim.tolerance, "cells": {}, "size": None}
     # a difference pairs the rows on the seeds both finished; cells over each row's own seeds would set a
     # mean of seeds 0-2 beside a mean of seed 0 (different splits), so a comparison's cells share its seeds
     finished = {label: set(rows.get(label, {})) for label in claim.rows}
@@ -280,8 +332,7 @@ def judge(claim: Claim, rows: dict[str, dict[int, RowRun]], paper: dict[str, dic
         values = [kept[s].value for s in sorted(kept)]
         out["cells"][label] = {"n": len(values), "finished": len(finished[label]),
                                "paper": paper.get(label, {}).get(claim.column),
-                               "mean": float(np.mean(values)) if values else None,
-                               "std": float(np.std(values)) if values else None}
+                               "mean": float(np.mean(values)) if values else None, "sd": _sample_sd(values)}
     not_run = [label for label in claim.rows if not finished[label]]
     n = min(cell["n"] for cell in out["cells"].values())
     out["n"] = n
@@ -298,23 +349,21 @@ def judge(claim: Claim, rows: dict[str, dict[int, RowRun]], paper: dict[str, dic
         if unpaired:  # each row finished, but not at a common seed: nothing to compare yet
             out.update(n=0, verdict="not run", why=f"no seed that both {'; '.join(unpaired)} finished")
             return out
-        verdicts = [side_of_zero(c) for c in out["comparisons"]]
-        if claim.form == "delta":
-            out["paper_delta"] = claim.paper
-            verdicts = _on_the_claimed_side(verdicts, claim)
-            c = out["comparisons"][0]
-            if "low" in c and claim.paper is not None:
-                out["paper_delta_inside"] = bool(c["low"] <= claim.paper <= c["high"])
+        verdicts = _on_the_claimed_side([side_of_zero(c) for c in out["comparisons"]], claim)
+        sizes = []
         for c, v in zip(out["comparisons"], verdicts):
             c["verdict"] = v
-        # the same verdict from the seeds' own differences, where every comparison has them: where it
-        # differs, the pooled client pairs decide what the runs alone do not, or the other way round
-        with_seeds = [c for c in out["comparisons"] if "over_seeds" in c]
-        alone = _on_the_claimed_side([side_of_zero(c["over_seeds"]) for c in with_seeds], claim)
-        for c, v in zip(with_seeds, alone):
-            c["over_seeds"]["verdict"] = v
-        if with_seeds and len(with_seeds) == len(out["comparisons"]):
-            out["seeds_alone"] = _joint_verdict(alone)
+            if claim.form == "delta":
+                c["paper_diff"] = claim.paper
+            else:  # the paper's own difference where its table has both rows
+                pa, pb = paper.get(c["a"], {}).get(claim.column), paper.get(c["b"], {}).get(claim.column)
+                c["paper_diff"] = None if pa is None or pb is None else pa - pb
+            direction = -1.0 if (c["paper_diff"] or 0.0) < 0 else 1.0
+            c["size"] = size_answer(c.get("low"), c.get("high"), c["paper_diff"], direction)
+            sizes.append((f"{c['a']} − {c['b']}", c["size"]))
+        out["size"] = _joint_size(sizes)
+        if claim.form == "delta":
+            out["paper_delta"] = claim.paper
         # a difference rests on the seeds both rows finished, which may be fewer than each row's own
         # (a row given more seeds than the row it is compared with)
         n = min(c["n"] for c in out["comparisons"])
@@ -323,7 +372,7 @@ def judge(claim: Claim, rows: dict[str, dict[int, RowRun]], paper: dict[str, dic
     else:
         # each cell that has run is judged: one outside the tolerance fails the claim before the rest run
         tol = float(claim.tolerance or 0.0)
-        verdicts = []
+        verdicts, sizes = [], []
         for label in claim.rows:
             if label in not_run:
                 continue
@@ -336,16 +385,26 @@ def judge(claim: Claim, rows: dict[str, dict[int, RowRun]], paper: dict[str, dic
             v = ("holds" if lo_ok <= low and high <= hi_ok else
                  "fails" if high < lo_ok or low > hi_ok else "undecided")
             cell["verdict"] = v
+            cell["size"] = size_answer(cell["low"], cell["high"], cell["paper"])
             verdicts.append(v)
+            sizes.append((label, cell["size"]))
+        out["size"] = _joint_size(sizes)
         out["verdict"] = ("fails" if "fails" in verdicts else "not run" if not_run else
                           "holds" if all(v == "holds" for v in verdicts) else "undecided")
         if not_run:
             out["why"] = why_not_run if out["verdict"] == "not run" else f"decided by the cells that ran; {why_not_run}"
             n = min(cell["n"] for label, cell in out["cells"].items() if label not in not_run) if verdicts else 0
             out["n"] = n
-    if n == 1:
-        out["one_seed"] = True
+    if n in SEED_WORDS:
+        out["seed_note"] = SEED_WORDS[n]
     return out
+
+
+def readings_of(claim: Claim) -> list[str]:
+    """The values a claim is judged at: its own first (the headline), then the final round and the mean of
+    the last 5 evaluated rounds where it is not one of them (the papers report the final or the best round;
+    the last 5 say whether one round's value is stable)."""
+    return [claim.value] + [v for v in ("final", "last5") if v != claim.value]
 
 
 def _on_the_claimed_side(verdicts: list[str], claim: Claim) -> list[str]:
@@ -365,20 +424,75 @@ def _pct(x: float | None) -> str:
     return "–" if x is None else f"{x:.2f}"
 
 
+def _ours(cell: dict[str, Any]) -> str:
+    if not cell["n"]:
+        return "not run"
+    return f"{cell['mean']:.2f}" + (f" ± {cell['sd']:.2f}" if cell.get("sd") is not None else "")
+
+
+def _span(c: dict[str, Any]) -> str:
+    return f"95 % {c['low']:+.2f} to {c['high']:+.2f}" if c.get("low") is not None else "no interval"
+
+
+def _comparison_lines(c: dict[str, Any]) -> list[str]:
+    """A comparison's lines in claims.md: the difference, its headline interval and unit, the verdict and the
+    paper's size; then each seed's difference, the pooled client pairs and the clients that carry it."""
+    of_seeds = f" of seed{'s' if len(c['seeds']) > 1 else ''} {', '.join(map(str, c['seeds']))}"
+    if c.get("paired") == "clients":
+        how = f"over {c['pairs']} client pairs{of_seeds} ({c['higher']} higher, {c['lower']} lower)"
+    elif c.get("pairs", 0) >= SEEDS_AS_UNIT:
+        how = f"over {c['pairs']} seeds, the seed the unit"
+    elif c.get("pairs", 0) > 1:
+        how = f"over {c['pairs']} seeds"
+    else:
+        how = "one seed and no per-client values to pair"
+    size = f"; the paper's {c['paper_diff']:+.2f}: {c['size'] or 'no interval'}" if c.get("paper_diff") is not None else ""
+    lines = [f"- {c['a']} − {c['b']}: {c['diff']:+.2f} points; {_span(c)} {how}: **{c['verdict']}**{size}"]
+    if len(c.get("per_seed", {})) > 1:
+        lines.append("  - per seed: " + ", ".join(f"{d:+.2f} (seed {s})" for s, d in c["per_seed"].items()))
+    if "pooled_clients" in c:
+        p = c["pooled_clients"]
+        lines.append(f"  - the {c['client_pairs']} client pairs pooled over the seeds ({c['higher']} higher, "
+                     f"{c['lower']} lower): 95 % {p['low']:+.2f} to {p['high']:+.2f}, for reading only (a seed's "
+                     "clients share its run, so they are not independent)")
+    if c.get("largest"):
+        shown = "; ".join(f"seed {x['seed']} client {x['client']}"
+                          + (f" ({x['test_samples']} test samples)" if x["test_samples"] is not None else "")
+                          + f" {x['diff']:+.2f}" for x in c["largest"])
+        without = (f"; the mean without the first: {c['mean_without_largest']:+.2f}"
+                   if "mean_without_largest" in c else "")
+        lines.append(f"  - largest per-client differences: {shown}{without}")
+    return lines
+
+
+def _reading_line(r: dict[str, Any]) -> str:
+    """One other reading of a claim in a line: its verdict and size, and each comparison's difference."""
+    parts = [f"{c['a']} − {c['b']} {c['diff']:+.2f} ({_span(c)})" for c in r.get("comparisons", []) if "diff" in c]
+    parts += [f"{label} {_ours(cell)}" + (f" ({cell['low']:.2f} to {cell['high']:.2f})" if cell.get("low") is not None else "")
+              for label, cell in r["cells"].items() if r["form"] == "within" and cell["n"]]
+    return f"- {r['value']}: **{_verdict_words(r)}**" + (f"; {'; '.join(parts)}" if parts else "")
+
+
 def claims_markdown(results: list[dict[str, Any]], study: str) -> str:
-    """``claims.md``: per claim the paper's words and numbers, ours (mean ± std over seeds, n), the paired
-    differences with their 95 % intervals, and the verdict."""
+    """``claims.md``: per claim the paper's words and numbers, ours (mean ± sample SD over seeds, n), the
+    differences with their headline 95 % intervals, the verdict on the sign and on the paper's size, at the
+    claim's own reading and at the final round and the last 5 evaluated rounds."""
     lines = [f"# Claims of {study}", "",
-             "Generated by `fedpers report` from the study's `claims:` and its finished runs. Values in %, "
-             "mean ± std over seeds (n). Differences a − b in points with a 95 % Student's t interval: "
-             "paired per client pooled over seeds and clients where both rows have per-client values on the "
-             "same split, else paired over seeds; from three seeds on, a per-client pairing also gives the "
-             "interval of the seeds' own differences, since a seed's clients share its run. **holds**: the "
-             "interval lies on the claimed side; **fails**: on the other; **undecided**: it spans the line, or "
-             "there is no interval.", "",
-             "| claim | verdict | n (seeds) |", "|---|---|---|"]
+             "Generated by `fedpers report` from the study's `claims:` and its finished runs, by the rule in "
+             "docs/running.md (\"Claims and verdicts\"). Values in %, mean ± sample SD (ddof 1) over seeds, with "
+             "n. Differences a − b in points with one 95 % Student's t interval each: from three seeds on over "
+             "the seeds' own differences (the seed is the unit; a seed's clients are nested in its run); with "
+             "one or two seeds over the clients of those runs, paired on the same split (within-run noise only: "
+             "\"one seed\" / \"two seeds\"), else over the seeds. Two answers per claim: the **sign** (holds: the "
+             "interval lies on the claimed side; fails: on the other; undecided: it spans the line, or there is "
+             "no interval) and the **size** (the paper's number inside our interval: consistent; outside: "
+             "excluded, ours smaller or larger). Each claim at its own reading first, then at the final round "
+             "and the mean of the last 5 evaluated rounds.", "",
+             "| claim | reading | sign | paper's size | n (seeds) | other readings |", "|---|---|---|---|---|---|"]
     for r in results:
-        lines.append(f"| [{r['id']}](#{r['id']}) | {_verdict_words(r)} | {r['n']} |")
+        others = "; ".join(f"{o['value']}: {_verdict_words(o)}" for o in r.get("other_readings", []))
+        lines.append(f"| [{r['id']}](#{r['id']}) | {r['value']} | {_verdict_words(r)} | {r.get('size') or '–'} | "
+                     f"{r['n']} | {others or '–'} |")
     for r in results:
         lines += ["", f"## {r['id']}", ""]
         if r["quote"]:
@@ -389,16 +503,16 @@ def claims_markdown(results: list[dict[str, Any]], study: str) -> str:
                 f"each of {', '.join(r['rows'])} within ±{r['tolerance']:g} of the paper")
         lines.append(f"Form: {r['form']}: {what}; column {r['column']}; value {r['value']}"
                      + (f"; metric {r['metric']}" if r["metric"] else "") + ".")
-        lines += ["", "| row | paper | ours | n |" + (" verdict |" if r["form"] == "within" else ""),
-                  "|---|---|---|---|" + ("---|" if r["form"] == "within" else "")]
+        within = r["form"] == "within"
+        lines += ["", "| row | paper | ours | n |" + (" verdict | paper's size |" if within else ""),
+                  "|---|---|---|---|" + ("---|---|" if within else "")]
         for label, cell in r["cells"].items():
-            ours = "not run" if not cell["n"] else f"{cell['mean']:.2f} ± {cell['std']:.2f}"
             extra = ""
-            if r["form"] == "within":
+            if within:
                 span = "" if cell.get("low") is None else f" (95 %: {cell['low']:.2f} to {cell['high']:.2f})"
-                extra = f" {cell.get('verdict', '–')}{span} |"
+                extra = f" {cell.get('verdict', '–')}{span} | {cell.get('size') or '–'} |"
             n = cell["n"] if cell["finished"] == cell["n"] else f"{cell['n']} (of {cell['finished']} finished)"
-            lines.append(f"| {label} | {_pct(cell['paper'])} | {ours} | {n} |{extra}")
+            lines.append(f"| {label} | {_pct(cell['paper'])} | {_ours(cell)} | {n} |{extra}")
         if r["cell_seeds"] is not None and any(c["n"] != c["finished"] for c in r["cells"].values()):
             seeds = r["cell_seeds"]
             plural = "s" if len(seeds) > 1 else ""
@@ -406,38 +520,16 @@ def claims_markdown(results: list[dict[str, Any]], study: str) -> str:
                           "the claim finished (each difference names the seeds it pairs); a row's other seeds are "
                           "in `table.md`."]
         for c in r.get("comparisons", []) if r["verdict"] != "not run" else []:
-            span = (f"95 % {c['low']:+.2f} to {c['high']:+.2f}" if "low" in c else "no interval")
-            of_seeds = f" of seed{'s' if len(c['seeds']) > 1 else ''} {', '.join(map(str, c['seeds']))}"
-            how = (f"paired over {c['pairs']} client pairs{of_seeds} ({c['higher']} higher, {c['lower']} lower)"
-                   if c.get("paired") == "clients" else f"paired over {c.get('pairs', 0)} seeds" if c.get("pairs", 0) > 1
-                   else "one seed and no per-client values to pair")
-            lines.append("")
-            lines.append(f"- {c['a']} − {c['b']}: {c['diff']:+.2f} points; {span}; {how}: **{c['verdict']}**")
-            if len(c.get("per_seed", {})) > 1:
-                seeds_alone = c.get("over_seeds")
-                over = (f"; over the {len(c['per_seed'])} seeds 95 % {seeds_alone['low']:+.2f} to "
-                        f"{seeds_alone['high']:+.2f} ({seeds_alone['verdict']})" if seeds_alone else "")
-                lines.append("  - per seed: " + ", ".join(f"{d:+.2f} (seed {s})" for s, d in c["per_seed"].items())
-                             + over)
-            if c.get("largest"):
-                shown = "; ".join(f"seed {x['seed']} client {x['client']}"
-                                  + (f" ({x['test_samples']} test samples)" if x["test_samples"] is not None else "")
-                                  + f" {x['diff']:+.2f}" for x in c["largest"])
-                without = (f"; the mean without the first: {c['mean_without_largest']:+.2f}"
-                           if "mean_without_largest" in c else "")
-                lines.append(f"  - largest per-client differences: {shown}{without}")
-        if r["form"] == "delta" and r.get("paper_delta") is not None:
-            inside = r.get("paper_delta_inside")
-            lines.append(f"- the paper's difference: {r['paper_delta']:+.2f}"
-                         + ("" if inside is None else f" ({'inside' if inside else 'outside'} our interval)"))
-        lines += ["", f"**Verdict: {_verdict_words(r)}**" + (f" ({r['why']})" if r.get("why") else "")]
+            lines += [""] + _comparison_lines(c)
+        lines += ["", f"**Verdict ({r['value']}): {_verdict_words(r)}**" + (f" ({r['why']})" if r.get("why") else "")
+                  + (f"; the paper's size: {r['size']}" if r.get("size") else "")]
+        if r.get("other_readings"):
+            lines += ["", "Other readings:"] + [_reading_line(o) for o in r["other_readings"]]
     return "\n".join(lines) + "\n"
 
 
 def _verdict_words(r: dict[str, Any]) -> str:
-    alone = r.get("seeds_alone")
-    return (r["verdict"] + (", one seed" if r.get("one_seed") else "")
-            + (f"; on the seeds alone {alone}" if alone is not None and alone != r["verdict"] else ""))
+    return r["verdict"] + (f", {r['seed_note']}" if r.get("seed_note") and r["verdict"] != "not run" else "")
 
 
 def write_claims(results: list[dict[str, Any]], out: Path, study: str) -> list[Path]:

@@ -7,6 +7,7 @@
     fedpers sweep SWEEP.yaml --out DIR                          methods x datasets x alpha x seeds, resumable
     fedpers report DIR                                          table.md/.csv and PNG figures of a sweep
     fedpers data import-folder TREE --out FILE.npz [--size N]   an image-folder tree as a dataset .npz
+    fedpers docs [--check]                                      README's generated blocks from claims.json
     fedpers deploy local --clients N [CONFIG.yaml] [--set ...] --out DIR   SuperLink + N SuperNodes, TLS
     fedpers deploy restart-node --out DIR N                     SuperNode N of that deployment, again
 
@@ -70,8 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--datasets", nargs="+", help="replace the sweep's dataset list")
     rep = sub.add_parser("report", help="paper-style table.md/table.csv and PNG figures of a sweep")
     rep.add_argument("dir", help="a `fedpers sweep` output directory")
-    rep.add_argument("--value", choices=("final", "best", "last5"), default="final",
-                     help="final round (default), best evaluated round, or mean of the last 5 evaluated rounds")
+    rep.add_argument("--value", choices=("final", "best", "last5"), default=None,
+                     help="final round, best evaluated round, or mean of the last 5 evaluated rounds (default: the "
+                          "study's report: value, else final)")
     rep.add_argument("--metric", help="one accuracy for every row, e.g. personalized_weighted_acc or global_acc")
     rep.add_argument("--versus", metavar="LABEL", action="append",
                      help="also write versus.md: every row against row LABEL, paired over the clients of a split "
@@ -85,6 +87,9 @@ def _parser() -> argparse.ArgumentParser:
     schema = sub.add_parser("schema", help="the pyproject.toml run-config table generated from the config schema")
     schema.add_argument("--write-pyproject", action="store_true", help="rewrite [tool.flwr.app.config] in pyproject.toml")
     schema.add_argument("--check", action="store_true", help="exit 1 when pyproject.toml's table is not the generated one")
+    docs = sub.add_parser("docs", help="rewrite the generated blocks of README.md and benchmarks/README.md from the "
+                          "studies' claims.json (run in the repository root)")
+    docs.add_argument("--check", action="store_true", help="write nothing; exit 1 when a block is stale")
     data = sub.add_parser("data", help="datasets: turn an image-folder tree into the project's .npz layout")
     datasub = data.add_subparsers(dest="data_command", required=True)
     imp = datasub.add_parser("import-folder", help="TREE/train/[<domain>/]<class>/* and TREE/test/... as one .npz "
@@ -315,6 +320,23 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_docs(args: argparse.Namespace) -> int:
+    """``docs``: rewrite (or, with ``--check``, compare) the generated blocks of the results pages."""
+    from pathlib import Path
+
+    from fedpers.apps.results_pages import stale_pages, write_pages
+
+    root = Path.cwd()
+    if args.check:
+        stale = stale_pages(root)
+        for page in stale:
+            print(f"docs | {page}: generated blocks are stale (run `fedpers docs`)")
+        return 1 if stale else 0
+    for page in write_pages(root):
+        print(f"docs | rewrote {page}")
+    return 0
+
+
 def cmd_data(args: argparse.Namespace) -> int:
     """``data import-folder``: read the tree, write the .npz (never over an existing file), print its shape."""
     from pathlib import Path
@@ -409,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     args = _parser().parse_args(argv)
     handler = {"run": cmd_run, "config": cmd_config, "methods": cmd_methods, "sweep": cmd_sweep, "report": cmd_report,
-               "schema": cmd_schema, "data": cmd_data, "deploy": cmd_deploy}[args.command]
+               "schema": cmd_schema, "data": cmd_data, "docs": cmd_docs, "deploy": cmd_deploy}[args.command]
     # only where the signal has its default action: a SIGINT ignored by the shell (a background job) stays so
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _interrupt)

@@ -99,14 +99,23 @@ def _columns(sweep: Sweep) -> list[tuple[str, float]]:
     return [(d, a) for d in sweep.datasets for a in sweep.alphas]
 
 
+def mean_sd_text(values: list[float]) -> str:
+    """A cell of a table: ``mean ± sample SD (n=k)`` (ddof 1), or ``value (n=1)`` where one seed gives no SD."""
+    if not values:
+        return "–"
+    if len(values) == 1:
+        return f"{values[0]:.2f} (n=1)"
+    return f"{np.mean(values):.2f}±{np.std(values, ddof=1):.2f} (n={len(values)})"
+
+
 def write_tables(sweep: Sweep, cells: dict, out: Path, *, value: str = "final",
-                 metric: str | None = None) -> tuple[Path, Path]:
-    """``table.md`` and ``table.csv``; the best mean per column is bold in the markdown table, and each cell
-    names its number of finished seeds where the cells differ in it (rows with their own seeds, unfinished
-    runs), so that a one-seed row is not read as the mean of three. A column whose rows finished different
-    seeds bolds no mean; a per-seed table then sets each seed's values side by side, its best in bold."""
+                 metric: str | None = None, last5: dict | None = None) -> tuple[Path, Path]:
+    """``table.md`` and ``table.csv``: mean ± sample SD (ddof 1) over the finished seeds, with n, in every
+    cell; the best mean per column is bold in the markdown table. A column whose rows finished different
+    seeds bolds no mean; a per-seed table then sets each seed's values side by side, its best in bold.
+    ``last5`` (cells of :func:`collect` at ``last5``): a second table of the mean of the last 5 evaluated
+    rounds, which says whether one round's value is stable."""
     cols = _columns(sweep)
-    counts = {len(cells[(m.label, d, a)]["values"]) for m in sweep.methods for d, a in cols} - {0}
     # a column whose rows finished different seeds sets means of different splits side by side: no mean of
     # it is "best", and a per-seed table marks each seed's best instead
     same_seeds = {(d, a): len({tuple(cells[(m.label, d, a)]["seeds"]) for m in sweep.methods
@@ -124,7 +133,7 @@ def write_tables(sweep: Sweep, cells: dict, out: Path, *, value: str = "final",
     lines = [header, "|---|" + "---|" * (len(cols) + 2 * len(with_paper))]
     with (out / "table.csv").open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["method"] + [f"{dataset_tag(d)}_a{a:g}_{s}" for d, a in cols for s in ("mean", "std", "n")])
+        writer.writerow(["method"] + [f"{dataset_tag(d)}_a{a:g}_{s}" for d, a in cols for s in ("mean", "sd", "n")])
         for m in sweep.methods:
             md_cells, csv_cells = [], []
             for d, a in cols:
@@ -134,11 +143,12 @@ def write_tables(sweep: Sweep, cells: dict, out: Path, *, value: str = "final",
                     md_cells.append("–")
                     csv_cells += ["", "", 0]
                 else:
-                    mean, std = float(np.mean(vals)), float(np.std(vals))
-                    text = f"{mean:.2f}±{std:.2f}" + (f" (n={len(vals)})" if len(counts) > 1 else "")
+                    mean = float(np.mean(vals))
+                    sd = float(np.std(vals, ddof=1)) if len(vals) > 1 else None
+                    text = mean_sd_text(vals)
                     md_cells.append(f"**{text}**" if same_seeds[(d, a)] and best[(d, a)] is not None
                                     and np.isclose(mean, best[(d, a)]) else text)
-                    csv_cells += [f"{mean:.4f}", f"{std:.4f}", len(vals)]
+                    csv_cells += [f"{mean:.4f}", "" if sd is None else f"{sd:.4f}", len(vals)]
                 if (d, a) in with_paper:
                     md_cells.append("–" if paper is None else f"{paper:.2f}")
                     md_cells.append("" if paper is None or not vals else f"{float(np.mean(vals)) - paper:+.2f}")
@@ -159,7 +169,8 @@ def write_tables(sweep: Sweep, cells: dict, out: Path, *, value: str = "final",
     bold = ("best mean per column in bold" if all(same_seeds.values()) else
             "best mean in bold only in a column whose rows finished the same seeds (means over different seeds "
             "are of different splits): each seed's best value is bold in the per-seed table")
-    note = (f"\n{VALUE_WORDS[value]} accuracy in %, mean ± std over seeds {seeds} (finished runs only); {which}; "
+    note = (f"\n{VALUE_WORDS[value]} accuracy in %, mean ± sample SD (ddof 1) over seeds {seeds} with n (finished "
+            f"runs only); {which}; "
             f"{bold}." + (" 'paper': the paper's reported value; 'diff': ours - paper." if
                                                with_paper else "") + "\n")
     if not all(same_seeds.values()):
@@ -182,6 +193,13 @@ def write_tables(sweep: Sweep, cells: dict, out: Path, *, value: str = "final",
 
         for m in sweep.methods:
             lines.append(f"| {m.label} | " + " | ".join(per_seed(m.label, d, a) for d, a in cols) + " |")
+    if last5 is not None and value != "last5":
+        lines += ["", f"{VALUE_WORDS['last5']} accuracy (mean ± sample SD over seeds, n): is one round's value "
+                      "stable?", "", "| method | " + " | ".join(f"{dataset_tag(d)} α={a:g}" for d, a in cols) + " |",
+                  "|---|" + "---|" * len(cols)]
+        for m in sweep.methods:
+            lines.append(f"| {m.label} | " + " | ".join(mean_sd_text(last5[(m.label, d, a)]["values"])
+                                                       for d, a in cols) + " |")
     lines += ["", "Best evaluated round (max over the rounds evaluated; per seed: value % (round)):", "",
               "| method | " + " | ".join(f"{dataset_tag(d)} α={a:g}" for d, a in cols) + " |",
               "|---|" + "---|" * len(cols)]
@@ -405,13 +423,14 @@ def versus_text(sweep: Sweep, runs: list[PlannedRun], reference: str) -> str:
 
 def pooled_versus_lines(sweep: Sweep, runs: list[PlannedRun], reference: str) -> list[str]:
     """versus.md's pooled section: each row minus ``reference`` in personalized macro accuracy at the final
-    round, pooled over the seeds both finished, with the 95 % Student's t interval of the claims
-    (:func:`fedpers.apps.claims.compare`: paired per client over seeds and clients where every seed's two
-    runs share a split, else paired over seeds)."""
+    round, over the seeds both finished, with the headline 95 % Student's t interval of the claims
+    (:func:`fedpers.apps.claims.compare`: from three seeds on over the seeds' own differences, below that
+    paired per client where every seed's two runs share a split, else paired over seeds)."""
     from fedpers.apps.claims import PER_CLIENT_METRIC, compare, row_runs
 
     entries = {m.label: m for m in sweep.methods}
-    lines = ["", f"## Pooled over seeds (row - {reference}, final round, 95 % Student's t interval)", "",
+    lines = ["", f"## Over the seeds (row - {reference}, final round, 95 % Student's t interval: from three seeds the "
+                 "seed is the unit, below that the clients of the runs)", "",
              "| method | split | seeds | paired over | diff | 95 % | higher/lower | per seed |",
              "|---|---|---|---|---|---|---|---|"]
     for d, a in _columns(sweep):
@@ -433,9 +452,11 @@ def pooled_versus_lines(sweep: Sweep, runs: list[PlannedRun], reference: str) ->
             seeds = ", ".join(str(s) for s in result["seeds"])
             span = f"{result['low']:+.2f} to {result['high']:+.2f}" if "low" in result else "–"
             if result["paired"] == "clients":
-                over, counts = f"{result['pairs']} client pairs", f"{result['higher']}/{result['lower']}"
+                over = f"{result['pairs']} client pairs"
             else:
-                over, counts = f"{result['pairs']} seeds", "–"
+                over = f"{result['pairs']} seeds" + (f" ({result['client_pairs']} client pairs)"
+                                                      if "client_pairs" in result else "")
+            counts = f"{result['higher']}/{result['lower']}" if "higher" in result else "–"
             # the mean the interval is about: of the per-client differences, or of the seeds' differences
             lines.append(f"| {m.label} | {dataset_tag(d)} α={a:g} | {seeds} | {over} | "
                          f"{result.get('mean', result['diff']):+.2f} | "
@@ -445,7 +466,9 @@ def pooled_versus_lines(sweep: Sweep, runs: list[PlannedRun], reference: str) ->
 
 def write_study_claims(sweep: Sweep, runs: list[PlannedRun], out: Path) -> list[Path]:
     """``claims.md`` / ``claims.json``: the verdict of each claim the study declares (fedpers/apps/claims.py)."""
-    from fedpers.apps.claims import judge, parse_claims, row_runs, write_claims
+    from dataclasses import replace
+
+    from fedpers.apps.claims import judge, parse_claims, readings_of, row_runs, write_claims
 
     labels = [m.label for m in sweep.methods]
     claims = parse_claims(sweep.claims, labels, sweep.columns, sweep.paper, f"{out}/sweep.json")
@@ -454,10 +477,13 @@ def write_study_claims(sweep: Sweep, runs: list[PlannedRun], out: Path) -> list[
     results = []
     for claim in claims:
         d, a = columns[claim.column]
-        rows = {label: row_runs({r.seed: r.run_dir for r in _runs_for(entries[label], d, a, runs)}, claim.metric,
-                                entries[label].metric, claim.value)
-                for label in claim.rows}
-        results.append(judge(claim, rows, sweep.paper))
+        judged = []
+        for value in readings_of(claim):
+            rows = {label: row_runs({r.seed: r.run_dir for r in _runs_for(entries[label], d, a, runs)}, claim.metric,
+                                    entries[label].metric, value)
+                    for label in claim.rows}
+            judged.append(judge(replace(claim, value=value), rows, sweep.paper))
+        results.append({**judged[0], "other_readings": judged[1:]})
     return write_claims(results, out, out.name)
 
 
@@ -481,10 +507,10 @@ def write_validation(sweep: Sweep, runs: list[PlannedRun], out: Path) -> Path:
     testf = collect(sweep, runs, value="final")
 
     def text(vals: list[float]) -> str:
-        return f"{np.mean(vals):.2f}±{np.std(vals):.2f}" if vals else "–"
+        return mean_sd_text(vals).replace(f" (n={len(vals)})", "")  # the row's n has its own column
 
     lines = ["# Validation and test accuracy", "",
-             "Accuracy in %, mean ± std over the finished seeds (n). 'val': the clients' validation splits "
+             "Accuracy in %, mean ± sample SD (ddof 1) over the finished seeds (n). 'val': the clients' validation splits "
              "(held out of their training data, `val_fraction`); 'last 5': mean of the last 5 evaluated "
              "rounds. **chosen**: the row with the highest 'val last 5' among the rows of the same method and "
              "metric (or of the same group the study names). Test columns are shown for the record; they choose nothing.", ""]
@@ -600,23 +626,28 @@ def check_run_files(runs: list[PlannedRun], value: str = "final") -> set[str]:
     return metrics
 
 
-def report(out: str | Path, *, value: str = "final", metric: str | None = None,
+def report(out: str | Path, *, value: str | None = None, metric: str | None = None,
            versus: str | list[str] | None = None) -> list[Path]:
     """Write the table and figures of the sweep in ``out``; returns the files written. ``value``: which
     value of each run (``final``, ``best``, ``last5``); ``metric``: one accuracy for every row instead of
     each row's own (e.g. ``personalized_weighted_acc``); ``versus``: a row's label (or several), to write ``versus.md``
-    (:func:`write_versus`)."""
-    if value not in VALUES:
+    (:func:`write_versus`). Each left out is the study's own ``report:`` entry, where it declares one
+    (``value`` else ``final``): a study's report is regenerated by ``fedpers report DIR`` alone."""
+    if value is not None and value not in VALUES:
         raise ConfigError(f"report: value must be one of {', '.join(VALUES)}, got {value!r}")
     out = Path(out)
     sweep, runs = read_plan(out)
+    value = value or sweep.report.get("value", "final")
+    metric = metric or sweep.report.get("metric")
+    versus = versus or sweep.report.get("versus")
     metrics = check_run_files(runs, value)  # before any file is written: a refused report changes nothing
     check_finished_runs(runs, "report")
     if metric and metrics and metric not in metrics:
         raise ConfigError(f"report: --metric {shown(metric)} is not a metric of these runs; they have "
                           f"{', '.join(sorted(metrics))}")
     cells = collect(sweep, runs, value=value, metric=metric)
-    md, csv_path = write_tables(sweep, cells, out, value=value, metric=metric)
+    last5 = collect(sweep, runs, value="last5", metric=metric) if value != "last5" else None
+    md, csv_path = write_tables(sweep, cells, out, value=value, metric=metric, last5=last5)
     extra = [write_versus(sweep, runs, versus, out)] if versus else []
     if sweep.claims:
         extra += write_study_claims(sweep, runs, out)

@@ -14,6 +14,8 @@ A sweep file (YAML)::
          group: FedBABU}                          # validation.md chooses within a group (default: method + metric)
       - {label: FedPer, method: fedper, seeds: [0, 1, 2, 3, 4]}   # a row's own seeds replace the file's
     ablation: false                               # true: `fedpers report` also draws the bar chart
+    report: {value: best, versus: [FedPer]}       # how `fedpers report DIR` reads this study unless told
+                                                  # otherwise: value final | best | last5, versus rows, metric
 
 A row's ``seeds`` declares a study whose rows do not all get the same number of seeds (more seeds for the
 rows a claim compares); the report shows each cell's number of finished seeds where the rows differ.
@@ -91,6 +93,8 @@ class Sweep:
     paper: dict[str, dict[str, float]] = field(default_factory=dict)
     # the paper's claims in checkable form (fedpers/apps/claims.py), as written in the study file
     claims: list[dict[str, Any]] = field(default_factory=list)
+    # how `fedpers report` reads the study when its command line does not say: value, versus, metric
+    report: dict[str, Any] = field(default_factory=dict)
 
     def seeds_of(self, entry: MethodEntry) -> list[int]:
         """The seeds ``entry`` is run at: its own, else the sweep's."""
@@ -174,7 +178,36 @@ def _keys(raw: Any, where: str, path: Path) -> dict[str, Any]:
     return {str(name): value for name, value in raw.items()}
 
 
-SWEEP_ENTRIES = {"base", "methods", "datasets", "alphas", "seeds", "ablation", "paper", "claims"}
+SWEEP_ENTRIES = {"base", "methods", "datasets", "alphas", "seeds", "ablation", "paper", "claims", "report"}
+REPORT_ENTRIES = {"value": ("final", "best", "last5")}
+
+
+def _report_options(raw: Any, labels: list[str], p: Path) -> dict[str, Any]:
+    """A study's ``report:`` mapping, checked: ``value`` (final | best | last5), ``versus`` (row labels),
+    ``metric`` (one accuracy for every row)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"sweep {p}: 'report' is a mapping {{value: ..., versus: [ROW, ...], metric: ...}}")
+    unknown = set(map(str, raw)) - {"value", "versus", "metric"}
+    if unknown:
+        raise ConfigError(f"sweep {p}: report: unknown entries {shown(sorted(unknown))} (value, versus, metric)")
+    out: dict[str, Any] = {}
+    if "value" in raw:
+        if raw["value"] not in REPORT_ENTRIES["value"]:
+            raise ConfigError(f"sweep {p}: report: 'value' must be one of final, best, last5, got {shown(raw['value'])}")
+        out["value"] = raw["value"]
+    if "versus" in raw:
+        versus = raw["versus"] if isinstance(raw["versus"], list) else [raw["versus"]]
+        missing = [str(v) for v in versus if str(v) not in labels]
+        if missing:
+            raise ConfigError(f"sweep {p}: report: versus {shown(missing)} is not a row of the study")
+        out["versus"] = [str(v) for v in versus]
+    if "metric" in raw:
+        if not isinstance(raw["metric"], str) or not raw["metric"]:
+            raise ConfigError(f"sweep {p}: report: 'metric' must be a metric name, got {shown(raw['metric'])}")
+        out["metric"] = raw["metric"]
+    return out
 METHOD_ENTRIES = {"label", "method", "set", "metric", "group", "seeds"}
 
 
@@ -229,7 +262,7 @@ def _extended(raw: dict, p: Path, seen: tuple[Path, ...] = ()) -> dict:
     if unknown:
         raise ConfigError(f"sweep {p}: 'rows' names {shown(unknown)}, not rows of {parent_path.name} "
                           f"({', '.join(by_label)})")
-    out = {key: raw.get(key, parent.get(key)) for key in ("datasets", "alphas", "seeds", "ablation")}
+    out = {key: raw.get(key, parent.get(key)) for key in ("datasets", "alphas", "seeds", "ablation", "report")}
     out = {k: v for k, v in out.items() if v is not None}
     out["base"] = {**(parent.get("base") or {}), **(raw.get("base") or {})}
     # the study's seeds replace the declared rows' own: a plan file running seed 3 of a row runs seed 3
@@ -304,6 +337,7 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, datasets: list[s
     labels = [m.label for m in sweep.methods]
     if len(set(labels)) != len(labels):
         raise ConfigError(f"sweep {p}: method labels must be unique, got {labels}")
+    sweep = replace(sweep, report=_report_options(raw.get("report"), labels, p))
     from fedpers.apps.claims import parse_claims
 
     parse_claims(raw.get("claims"), labels, sweep.columns, sweep.paper, f"sweep {p}")
@@ -376,7 +410,7 @@ def read_plan(out: str | Path) -> tuple[Sweep, list[PlannedRun]]:
         s = raw["sweep"]
         sweep = Sweep([MethodEntry(**{**m, "seeds": None if m.get("seeds") is None else tuple(m["seeds"])})
                        for m in s["methods"]], s["datasets"], s["alphas"], s["seeds"], s["base"],
-                      s["ablation"], s.get("paper", {}), s.get("claims", []))
+                      s["ablation"], s.get("paper", {}), s.get("claims", []), s.get("report", {}))
         runs = [PlannedRun(**r) for r in raw["runs"]]
         return sweep, [replace(r, run_dir=str(run_dir_of(out, r.run_key, r.dataset, r.alpha, r.seed)))
                        for r in runs]
