@@ -127,7 +127,9 @@ class FedEAGDClient(FedPersClient):
             self.update_teacher(uploaded)
         metrics["fusion"] = alpha
         if self._coefs:
-            stats = mechanism_statistics(torch.cat(self._drifts), torch.cat(self._coefs), self.cfg.fedeagd_kd_max,
+            # the fixed-coefficient ablation has no clip: no sample is "at the bound" there
+            bound = self.cfg.fedeagd_kd_max if self.cfg.fedeagd_kd_weighting == "adaptive" else float("inf")
+            stats = mechanism_statistics(torch.cat(self._drifts), torch.cat(self._coefs), bound,
                                          self._ce_total, self._kd_total)
             metrics.update({name: stats[name] for name in FIT_STATISTICS})
         self.reset_statistics()
