@@ -9,13 +9,13 @@ round (fraction_fit 1, eval_every 1), 1 local epoch, batch 32, feature_dim 64. M
 
 * ``simulation``: ``fedpers run`` (Ray; one process starts and stops everything);
 * ``deployment/subprocess``: ``fedpers deploy local`` machinery: SuperLink + 3 SuperNodes on 127.0.0.1
-  (TLS, SuperNode auth; from issue 17 on behind the nginx Fleet proxy), each SuperNode starting a fresh
+  (TLS, SuperNode auth; from commit 5cf32ed on behind the nginx Fleet proxy), each SuperNode starting a fresh
   ClientApp process for every message;
 * ``deployment/process``: the same with a separate ``flower-superexec`` per SuperNode.
 
 Figures per mode: ``round_seconds`` from metrics.jsonl, their mean without round 1 (round 1 also asks
 every node for its partition id), the wall time and the setup time. With ``evaluate_with_next_fit`` (the
-default from issue 17 on) round t's evaluations run inside round t + 1's fit messages, and only the last
+default from commit 038c541 on) round t's evaluations run inside round t + 1's fit messages, and only the last
 round sends evaluate messages: ``mean_round_s_after_first`` (rounds 2..R, the last round's evaluate
 phase included) is what rounds 2..R cost together, per round; ``mean_round_s_between`` (rounds 2..R-1)
 is a round in the middle of a longer run. The per-message breakdown:
@@ -23,8 +23,8 @@ is a round in the middle of a longer run. The per-message breakdown:
 * measured in fresh interpreters of the tree under test (works for any checkout): Python + Flower +
   fedpers + torch imports of the ClientApp module, and that plus loading the client's data (the
   federation: dataset + partition), i.e. what every message pays before it trains;
-* where the tree has a ClientApp module of its own (``fedpers.client_app``, issue 17 on; ``fedpers.apps.client_app``
-  from issue 29 on), every ClientApp process of the run logs its
+* where the tree has a ClientApp module of its own (``fedpers.client_app``, commit 7f4716d on;
+  ``fedpers.apps.client_app`` from commit 70842b6 on), every ClientApp process of the run logs its
   own timeline (``FEDPERS_MESSAGE_TIMING``): process start -> message handed over (interpreter and
   imports) -> client built (data, model, state) -> reply ready (training or evaluation), per message
   type; the rest of a round (``round - fit phase - evaluate phase``) is polling, transfers and the
@@ -98,7 +98,7 @@ def run_simulation(cfg) -> float:
     config_file.parent.mkdir(parents=True, exist_ok=True)
     config_file.write_text(yaml.safe_dump(cfg.to_dict()))
     t0 = time.perf_counter()
-    # `python -m fedpers` from issue 29 on; the trees before it have only fedpers/cli.py
+    # `python -m fedpers` from commit 70842b6 on; the trees before it have only fedpers/cli.py
     entry = "fedpers" if (TREE / "fedpers" / "__main__.py").is_file() else "fedpers.cli"
     subprocess.run([sys.executable, "-m", entry, "run", str(config_file)], check=True, cwd=TREE,
                    stdout=subprocess.DEVNULL)
@@ -117,7 +117,7 @@ def run_deployment(cfg, isolation: str) -> float:
 
 
 def clientapp_module() -> str:
-    """The ClientApp's module as the tree's pyproject names it (``fedpers.app`` before issue 17)."""
+    """The ClientApp's module as the tree's pyproject names it (``fedpers.app`` before commit 7f4716d)."""
     import tomllib
 
     components = tomllib.loads((TREE / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["components"]
@@ -137,7 +137,7 @@ def fresh_process_seconds(code: str, repeats: int = 3) -> float:
 def per_process_costs() -> dict:
     module = clientapp_module()
     run = json.dumps(dict(RUN, num_clients=3))
-    # the trees before issue 29 keep these modules at fedpers' top level
+    # the trees before commit 70842b6 keep these modules at fedpers' top level
     load = (f"import {module}\ntry:\n from fedpers.registry.config import build_config\n"
             f" from fedpers.core.federation import get_federation\nexcept ImportError:\n"
             f" from fedpers.config import build_config\n from fedpers.federation import get_federation\n"

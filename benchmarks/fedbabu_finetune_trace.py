@@ -1,4 +1,4 @@
-"""FedBABU's evaluation-time fine-tuning, epoch by epoch, from a finished run's checkpoint (issue 26).
+"""FedBABU's evaluation-time fine-tuning, epoch by epoch, from a finished run's checkpoint.
 
 FedBABU (Oh et al., ICLR 2022, Sec. 4) fine-tunes a copy of the whole model on each client's train data
 before testing it. In fedpers' MNIST runs its personalized accuracy falls while its global (initial)

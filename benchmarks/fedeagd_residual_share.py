@@ -1,4 +1,4 @@
-"""How much FedEAGD's personalized residual changes each client's model at the end of a run (issue 15).
+"""How much FedEAGD's personalized residual changes each client's model at the end of a run.
 
 For a finished FedEAGD run directory of an image dataset: the server checkpoint's shared
 extractor theta_g, each client's persistent residual r_k and head h_k (its client state), and the client's

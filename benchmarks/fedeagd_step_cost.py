@@ -1,8 +1,8 @@
-"""What one local SGD step of FedEAGD costs against FedPer on the same SE-CNN (issue 27, item 1).
+"""What one local SGD step of FedEAGD costs against FedPer on the same SE-CNN.
 
 A step of FedPer: forward of the SE-CNN, cross-entropy, backward, SGD. A step of FedEAGD with its teacher
 adds the EMA teacher's forward (no gradient), the drift and the weighted distillation; its drift needs the
-student's eval-mode features. Before issue 27 those came from a second pass of the whole extractor
+student's eval-mode features. Those once came from a second pass of the whole extractor
 (``eval_mode_features``); now the convolutions run once and only the layers after the dropout run twice
 (``fedpers.core.training.features_in_both_modes``). Both are timed here on CIFAR-10-shaped batches (3x32x32,
 batch 64, feature_dim 512), one thread as a Ray client actor has, interleaved (A, B, C, A, B, C, ...) so

@@ -1,4 +1,4 @@
-"""What Flower's simulation engine spends on finding messages, by the number of nodes (issue 31).
+"""What Flower's simulation engine spends on finding messages, by the number of nodes.
 
 Flower 1.42's simulation (``flwr.server.superlink.fleet.vce.vce_api.add_messages_to_queue``) looks for
 messages every 0.1 s by asking its in-memory LinkState once per registered node (``get_message_ins``), and

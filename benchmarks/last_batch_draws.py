@@ -1,4 +1,4 @@
-"""Does a round's last, short mini-batch move the personalized accuracies? (issue 27, FedAS's falls)
+"""Does a round's last, short mini-batch move the personalized accuracies? (FedAS's falls on CIFAR-10 Practical)
 
 Every method draws the same local batch order for a given seed, round and client (``seeds.CLIENT_FIT``), and
 with ``drop_last_batch: false`` (every committed study) an epoch ends with one SGD step on the client's

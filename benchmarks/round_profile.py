@@ -20,7 +20,7 @@ PFLlib's settings: 20 clients, half per round, 2 local epochs, batch 64, lr 0.01
 ``pfedkdh_table1`` = pFedKDH-EA on MNIST at the pFedKDH paper's Table 1 settings (Dirichlet 0.05, |Ds| 5,000);
 ``fedeagd_cifar10_practical`` and ``fedper_se_cnn_cifar10_practical`` = FedEAGD and FedPer on the same SE-CNN
 at the FedEAGD summary's Practical setting on CIFAR-10 (Dirichlet 0.1, 20 clients, all every round, no Ds),
-1 local epoch (ours, for the CPU), batch 64, lr 0.015 (issue 27: a FedEAGD round against a FedPer round);
+1 local epoch (ours, for the CPU), batch 64, lr 0.015 (a FedEAGD round against a FedPer round);
 ``fedas_se_cnn_cifar10_practical``, ``fedala_…`` and ``pfedsim_…``: the study's other baselines there.
 Writes benchmarks/results/round_profile.json and prints a table.
 
@@ -64,7 +64,7 @@ PRACTICAL = {"dataset": str(DATA / "cifar10.npz"), "alpha": 0.1, "num_clients": 
              "local_epochs": 1, "batch_size": 64, "lr": 0.015, "aux_size": 0}
 SETTINGS["fedeagd_cifar10_practical"] = {"method": "fedeagd", **PRACTICAL}
 SETTINGS["fedper_se_cnn_cifar10_practical"] = {"method": "fedper", "model_kind": "se_cnn", **PRACTICAL}
-# The study's other baselines on the same SE-CNN (issue 27: what one of their rounds costs against FedPer's).
+# The study's other baselines on the same SE-CNN (what one of their rounds costs against FedPer's).
 for _baseline in ("fedas", "fedala", "pfedsim"):
     SETTINGS[f"{_baseline}_se_cnn_cifar10_practical"] = {"method": _baseline, "model_kind": "se_cnn", **PRACTICAL}
 # The client methods whose seconds a setting's replay reports on their own (the method's additions to a

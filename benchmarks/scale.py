@@ -1,4 +1,4 @@
-"""Scale of the Ray simulation (issue 31): pFedKDH and FedEAGD with 100 to 10,000 clients on MNIST.
+"""Scale of the Ray simulation: pFedKDH and FedEAGD with 100 to 10,000 clients on MNIST.
 
 Each run is ``fedpers run`` in a child process while the memory of its whole process tree (driver, Ray's
 GCS/raylet, the client actors) is sampled from /proc. Clients get an IID split (every class dealt in turn:
@@ -19,7 +19,7 @@ reference for 10,000 at 1 % (100 sampled clients each), and 10,000 at 10 % is ru
 
     python benchmarks/scale.py --data ../shared/data/mnist.npz
 
-Writes benchmarks/results/scale/table.md and .json (the table before issue 31: benchmarks/results/scale.md).
+Writes benchmarks/results/scale/table.md and .json (the earlier table: benchmarks/results/scale.md).
 """
 
 from __future__ import annotations

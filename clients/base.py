@@ -319,7 +319,7 @@ class _MessageClient(NumPyClient):
 
     def get_properties(self, config: dict[str, Any]) -> dict[str, Any]:
         """This node's partition id, without building the method's client: the server asks every node once,
-        which at 10,000 clients is 10,000 messages (issue 31)."""
+        which at 10,000 clients is 10,000 messages."""
         return {"partition_id": self.partition_id()}
 
     def get_parameters(self, config: dict[str, Any]) -> list[np.ndarray]:

@@ -1,4 +1,4 @@
-"""Deprecated path (issue 29): the ServerApp moved to :mod:`fedpers.apps.server_app`. Kept because users name it in
+"""Deprecated path: the ServerApp moved to :mod:`fedpers.apps.server_app`. Kept because users name it in
 places we cannot rewrite: ``fedpers.app:server_app`` in their own Flower app's pyproject, SuperExec or SuperNode
 commands and scripts. Use ``fedpers.apps.server_app:server_app``."""
 

@@ -1,4 +1,4 @@
-"""Deprecated path (issue 29): the command line moved to :mod:`fedpers.apps.cli`. Kept because users name it in
+"""Deprecated path: the command line moved to :mod:`fedpers.apps.cli`. Kept because users name it in
 places we cannot rewrite: ``fedpers.cli:main`` in their own Flower app's pyproject, SuperExec or SuperNode
 commands and scripts. Use ``fedpers.apps.cli:main``."""
 

@@ -1,4 +1,4 @@
-"""Deprecated path (issue 29): the ClientApp moved to :mod:`fedpers.apps.client_app`. Kept because users name it in
+"""Deprecated path: the ClientApp moved to :mod:`fedpers.apps.client_app`. Kept because users name it in
 places we cannot rewrite: ``fedpers.client_app:client_app`` in their own Flower app's pyproject, SuperExec or SuperNode
 commands and scripts. Use ``fedpers.apps.client_app:client_app``."""
 

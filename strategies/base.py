@@ -51,7 +51,7 @@ from fedpers.core.training import accuracy_and_loss, predict_logits, resolve_dev
 from fedpers.core.validation import aggregate_updates, update_problem
 from fedpers.core.wire import (MODEL_SECTION, WHOLE_MODEL, Contract, ContractSide, SectionError,
                           join_sections, round_config, split_sections, with_evaluation)
-from strategies.refusals import require_fitting_nodes  # issue 30: nodes that do not fit the run
+from strategies.refusals import require_fitting_nodes  # nodes that do not fit the run
 from strategies.rounds import ClientRoster, RoundBook, mean_of
 
 
@@ -215,7 +215,7 @@ class FedPersStrategy(ContractSide, Strategy):
         self.book.start()
         proxies = self.roster.proxies(client_manager, server_round, self.book.current)
         chosen = self.roster.fit_sample(server_round, proxies)
-        require_fitting_nodes(self.book.current, server_round, len(proxies), self.federation.num_clients,  # #30
+        require_fitting_nodes(self.book.current, server_round, len(proxies), self.federation.num_clients,
                               self.cfg.fraction_fit, self.cfg.min_fit_updates)
         self.book.current["fit_clients"] = chosen
         ins = FitIns(parameters, self.message_config(server_round))
@@ -291,7 +291,7 @@ class FedPersStrategy(ContractSide, Strategy):
         except Exception as exc:  # undecodable payload
             return {}, f"undecodable arrays ({type(exc).__name__})"
         # The encoded payload is not read again: dropping it now means a round's replies are held once
-        # (decoded), not twice, while the rest of the round's replies are decoded (issue 31).
+        # (decoded), not twice, while the rest of the round's replies are decoded.
         res.parameters.tensors.clear()
         try:
             sections = split_sections(arrays, res.metrics, self.upload_sections)

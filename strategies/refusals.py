@@ -1,9 +1,9 @@
-"""SuperNodes that do not fit the run (issue 30): counted as failed, and a run they starve ends failed.
+"""SuperNodes that do not fit the run: counted as failed, and a run they starve ends failed.
 
 A SuperNode whose node config does not fit the run (``num-partitions=3`` in a run of ``num_clients=4``,
 no ``partition-id``, one out of range) answers every message with an error: its ClientApp raises
 :class:`fedpers.core.errors.NodeMismatchError` while building the client, and Flower hands the server a
-``ValueError`` whose text holds that class name and message. Before issue 30 the server took that for a
+``ValueError`` whose text holds that class name and message. Before this module the server took that for a
 node lost before answering: the node was skipped, no round recorded it, and a run whose clients all
 refused but one trained that one and ended "completed".
 

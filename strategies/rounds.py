@@ -1,4 +1,4 @@
-"""Round mechanics shared by every fedpers strategy, apart from the hooks a method overrides (issue 29).
+"""Round mechanics shared by every fedpers strategy, apart from the hooks a method overrides.
 
 * :class:`ClientRoster`: which Flower node holds which partition, the seeded fit sample of a round, the
   seeded evaluation sample, and the partition order that replies are aggregated in.
@@ -77,7 +77,7 @@ class ClientRoster:
 
         Waits for all ``num_clients`` nodes before the first round only. Later rounds use the nodes that
         are connected: a lost node's partition is skipped (deployment), a node that (re)joins is asked. A
-        node that refuses the run (it does not fit it, issue 30) is noted in ``round_state``
+        node that refuses the run (it does not fit it) is noted in ``round_state``
         (:func:`strategies.refusals.note_refusal`) and asked again next time.
         """
         if not self.partition_of:
@@ -94,7 +94,7 @@ class ClientRoster:
                     pid = int(future.result().properties["partition_id"])
                 except Exception as exc:  # a node lost before answering: retried when seen again
                     if note_refusal({} if round_state is None else round_state, server_round, cid, exc):
-                        continue  # it does not fit this run (#30)
+                        continue  # it does not fit this run
                     log(WARNING, "round %d: node %s did not report its partition id: %s", server_round, cid, exc)
                     continue
                 if not 0 <= pid < self.federation.num_clients:

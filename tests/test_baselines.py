@@ -426,7 +426,7 @@ def test_ready_config_has_the_table1_budget(method):
 
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_every_method_trains_on_the_se_cnn(method, tmp_path):
-    """FedEAGD's studies run every row on its SE-CNN (issue 27). Its residual branch sits outside the
+    """FedEAGD's studies run every row on its SE-CNN. Its residual branch sits outside the
     forward pass while the gate is shut, which FedAS's Fisher trace once tripped over in round 1: two
     in-process rounds on digits in which every sampled client fits without failing, every client is
     evaluated, and the training loss is finite."""

@@ -249,7 +249,7 @@ def test_fisher_trace_and_weights():
 
 def test_fisher_trace_counts_only_the_parameters_the_forward_pass_reaches():
     # The SE-CNN's residual branch is skipped while its gate is shut (fusion 0, every method but FedEAGD):
-    # its parameters have no gradient, and the trace is the one over the rest (FedAS on the SE-CNN, issue 27).
+    # its parameters have no gradient, and the trace is the one over the rest (FedAS on the SE-CNN).
     x, y = toy_data(d_in=64, classes=10)
     x = x.reshape(-1, 1, 8, 8)
     model = build_model((1, 8, 8), 10, feature_dim=16, kind="se_cnn", seed=0)

@@ -1,4 +1,4 @@
-"""docker-compose.yml against the rules of issue #17 (static; `make compose-check` runs the stack live).
+"""docker-compose.yml against the deployment rules below (static; `make compose-check` runs the stack live).
 
 Each rule is a function returning its violations, so every test also runs on a deliberately broken copy of
 the file and must fail there: a check that cannot fail checks nothing.

@@ -180,7 +180,7 @@ def test_deploy_cli_certs_and_bad_input(tmp_path, capsys):
         assert oct((tmp_path / "c" / private).stat().st_mode & 0o777) == "0o600", private
     secret = (tmp_path / "c" / "superexec.secret").read_text()
     assert len(secret) == 64 and int(secret, 16) >= 0  # 32 random bytes, hex
-    # --host adds a name to those the compose stack needs (#30: it used to replace them)
+    # --host adds a name to those the compose stack needs (it used to replace them)
     assert _cert_names(tmp_path / "c" / "server.pem") == [
         "fleet-proxy", "runtime-proxy", "superlink", "localhost", "127.0.0.1", "fl.example.org"]
     assert main(["deploy", "certs", "--out", str(tmp_path / "d"), "--nodes", "1"]) == 0
@@ -414,7 +414,7 @@ def test_killed_supernode_does_not_stall_the_run_and_rejoins(deployment, tmp_pat
     os.kill(node, signal.SIGKILL)  # the SuperNode dies mid-run: round 2 has started and waits for it
     _wait_for(lambda: not wrapper.alive(), 120, "the start wrapper to end with its SuperNode")
     assert wrapper.exit_code() == 128 + signal.SIGKILL
-    assert [p for p in children if _pid_alive(p)] == []  # no orphan flower-superexec (issue 30)
+    assert [p for p in children if _pid_alive(p)] == []  # no orphan flower-superexec
     # restarted at once, while the SuperLink still lists the killed node as online (it refuses it: exit
     # 305, until it misses the heartbeats): the start wrapper retries until it is let in
     res = subprocess.run([str(BIN / "fedpers"), "deploy", "restart-node", "--out", str(deployment.root.parent), "2"],
@@ -433,7 +433,7 @@ def test_killed_supernode_does_not_stall_the_run_and_rejoins(deployment, tmp_pat
     assert r4["client_state_consistent"] is True
     log = (deployment.logs / "supernode-2.log").read_text()
     restarted = log.split("--- fedpers deploy restart-node 2 at ", 1)[1]
-    assert "the SuperLink refused this SuperNode (exit 305" in restarted  # the retry that issue 30 needed
+    assert "the SuperLink refused this SuperNode (exit 305" in restarted  # the start wrapper's retry
     assert "SuperNode ID:" in restarted  # ... and then it joined
     assert "client 2 restored state 'personal'" in restarted  # starting from the head it had before the kill
 
@@ -442,7 +442,7 @@ def test_killed_supernode_does_not_stall_the_run_and_rejoins(deployment, tmp_pat
 def test_a_node_that_does_not_fit_the_run_is_a_failed_client_and_can_fail_the_run(deployment, tmp_path):
     from fedpers.apps.deploy import make_node_key
 
-    # Issue 30's case: an edge node joins the 3 nodes (num-partitions=3) as partition 3 of 4.
+    # An edge node joins the 3 nodes (num-partitions=3) as partition 3 of 4.
     key = make_node_key(tmp_path / "edge.key")
     deployment.register(key.with_name("edge.key.pub"))
     edge = deployment.start_node(3, key=key, name="edge", num_partitions=4)

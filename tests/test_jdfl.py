@@ -1,4 +1,4 @@
-"""JDFL (issue 4): targets, class-only decoding, discovery, domain data, composition, and end-to-end runs
+"""JDFL: targets, class-only decoding, discovery, domain data, composition, and end-to-end runs
 of every base optimizer with JDFL in Ray simulation (a tiny two-domain digits set: original vs inverted)."""
 
 import numpy as np

@@ -122,7 +122,7 @@ def test_the_methods_with_extra_arrays_name_every_section():
 
 
 def test_headline_metrics_and_models_of_the_methods():
-    # as the registry table said before the classes declared them (issue 18)
+    # as the registry table said before the classes declared them
     global_optimizers = {"fedavg", "fedprox", "scaffold", "feddyn", "feddc", "fedproc", "moon"}
     assert global_optimizers <= {n for n, s in METHODS.items() if s.metric == "global_acc"}
     assert {"pfedkdh", "fedper", "fedeagd", "ditto", "fedrep", "fedfed"} <= {

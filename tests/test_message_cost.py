@@ -1,4 +1,4 @@
-"""What a deployed message pays (issue 17): the ClientApp's imports, the digits cache, the reply polling."""
+"""What a deployed message pays: the ClientApp's imports, the digits cache, the reply polling."""
 
 from __future__ import annotations
 

@@ -116,7 +116,7 @@ def test_only_a_clients_own_samples_are_moved_to_the_device():
 
 def test_an_actor_keeps_only_the_clients_it_served_last(monkeypatch):
     """Federation.client keeps CLIENTS_KEPT clients' splits, least recently served out first: a
-    10,000-client run's actor does not grow to a copy of the dataset (issue 31)."""
+    10,000-client run's actor does not grow to a copy of the dataset."""
     import torch
 
     from fedpers.core import federation as federation_module

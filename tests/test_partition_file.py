@@ -1,4 +1,4 @@
-"""Explicit partitions: every run's split as partition.npz, and runs on a given split (issue 10)."""
+"""Explicit partitions: every run's split as partition.npz, and runs on a given split."""
 
 import numpy as np
 import pytest

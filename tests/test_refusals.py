@@ -1,4 +1,4 @@
-"""Nodes that do not fit the run (strategies/refusals.py, issue 30): what a refusal looks like to the
+"""Nodes that do not fit the run (strategies/refusals.py): what a refusal looks like to the
 server, how a round records it, and when it stops the run. The deployed case is in tests/test_deploy.py."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 16: a result once written is never lost, an interrupt ends the run, every bad input gets one line.
+"""A result once written is never lost, an interrupt ends the run, every bad input gets one line.
 
 Each behaviour of the CLI is checked through the real ``fedpers`` CLI in a subprocess: the exit code, the
 one ``fedpers: error:`` line, and that the files a user already had are byte for byte as they were.
@@ -338,7 +338,7 @@ def test_sweep_passes_a_path_with_a_hash_unchanged(tmp_path):
     assert json.loads(summaries[0].read_text())["config"]["out_dir"] == str(summaries[0].parent)
 
 
-# --- Issue 32: the engine's own failures, SIGTERM, odd data and odd files ------------------------------------
+# --- The engine's own failures, SIGTERM, odd data and odd files --------------------------------------------
 def _wait_until_gone(sid: int) -> list[str]:
     """The live processes of session ``sid`` once none is left, or after 20 s those still there (the killed
     ones of a run get a moment to be reaped)."""
@@ -698,7 +698,7 @@ def test_certs_never_replace_a_users_file_nor_take_a_file_or_no_nodes(tmp_path):
 
 
 def test_a_full_disk_while_drawing_the_curves_keeps_the_numbers_and_says_so(tmp_path, monkeypatch, capsys):
-    """Issue 32, item 10: ENOSPC while curves.png is written is one warning line; summary.json (written
+    """ENOSPC while curves.png is written is one warning line; summary.json (written
     first) and metrics.jsonl are whole, and no half-written picture is left."""
     import errno
     import json

@@ -96,7 +96,7 @@ def test_ast_parse_is_one_call_at_a_time_for_the_simulation_engine(monkeypatch):
 
 
 def test_two_thousand_clients_train_and_evaluate_only_their_samples(tmp_path):
-    """Issue 31: 2,000 clients (digits images, 3 train and 1 test each), 1 % trained and 20 evaluated per
+    """2,000 clients (digits images, 3 train and 1 test each), 1 % trained and 20 evaluated per
     round, state on disk, in the Ray simulation: it finishes, every round trains and evaluates exactly its
     seeded samples, and only clients that took part hold state on disk."""
     import numpy as np

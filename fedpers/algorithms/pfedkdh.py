@@ -25,7 +25,7 @@ CONTRACT = Contract(download_part="all", upload_part="backbone")
 # from the core keys and each registered method's KEYS (help texts say paper, code or ours).
 KEYS: tuple[Key, ...] = (
     Key("variant", str, "fair", "pFedKDH evaluation variant: fair | ea", one_of("fair", "ea")),
-    # temperature, lambda_kd and ea_steps: chosen on MNIST validation data (issue 26's sensitivity study,
+    # temperature, lambda_kd and ea_steps: chosen on MNIST validation data (the sensitivity study,
     # benchmarks/results/pfedkdh_sensitivity_mnist); T 3, lambda_KD 0.5 and 10 steps were guesses before it
     Key("temperature", float, 1.0, "pFedKDH distillation temperature T (ours: chosen on MNIST validation "
         "data, 3 until then)", positive, first_default=3.0),

@@ -92,7 +92,7 @@ def own_samples_only(msg: Message, context: Context, call_next) -> Message:
         return call_next(msg, context)  # the client reports a missing or bad partition id itself
     cfg = config_of(context)
     # A node that does not fit the run says so (NodeMismatchError, which the server counts as a refusal)
-    # before its partition id is used to slice another run's data (an IndexError, issue 30).
+    # before its partition id is used to slice another run's data (an IndexError).
     partition_id_of(context, cfg.num_clients)
     with use_client_slice(cfg, int(pid), state_dir_of(context.node_config, cfg.client_state_dir)):
         return call_next(msg, context)

@@ -729,7 +729,7 @@ def _raise_interrupt(signum, frame) -> None:
 # Every name the compose stack's TLS listeners are reached by: SuperNodes -> fleet-proxy, the ServerApp
 # runner -> runtime-proxy, the operator and the registrar -> 127.0.0.1 (Control, in fleet-proxy's network
 # namespace), the proxies -> the SuperLink (verified as `superlink`), health checks -> localhost.
-# `fedpers deploy certs --host NAME` adds to these, never replaces them (issue 30).
+# `fedpers deploy certs --host NAME` adds to these, never replaces them.
 DEFAULT_CERT_HOSTS = ("fleet-proxy", "runtime-proxy", "superlink", "localhost", "127.0.0.1")
 
 

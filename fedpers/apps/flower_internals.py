@@ -112,7 +112,7 @@ class ResumableServer(Server):
                     self.parameters = parameters_prime
                 history.add_metrics_distributed_fit(server_round=current_round, metrics=fit_metrics)
             # Unlike Server.fit, let go of the round's replies (a model per sampled client) now, not when the
-            # next round's replies replace them: the driver holds one round of replies, not two (issue 31).
+            # next round's replies replace them: the driver holds one round of replies, not two.
             res_fit = None
             res_cen = self.strategy.evaluate(current_round, parameters=self.parameters)
             if res_cen is not None:

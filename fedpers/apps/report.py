@@ -299,7 +299,7 @@ def paired_client_difference(ours: dict[str, float], reference: dict[str, float]
     both evaluated (K), the mean of ``ours - reference`` in points (for all clients evaluated, the difference
     of the two personalized macro accuracies), its standard error over clients (sample std of the per-client
     differences / sqrt(K)), and how many clients are higher, lower or equal. No paper equation: a diagnostic
-    for issue 15's "is the gap within the spread"."""
+    for "is the gap within the spread"."""
     clients = sorted(set(ours) & set(reference), key=str)
     if not clients:
         return {"clients": 0}

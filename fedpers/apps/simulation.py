@@ -47,7 +47,7 @@ def write_app_dir(cfg: Config, directory: Path) -> Path:
             "publisher": "fedpers",
             "components": {"serverapp": "fedpers.apps.server_app:server_app", "clientapp": CLIENT_APP_ATTR},
             # only the keys that differ from the defaults (the clients fill those in): the simulation keeps
-            # a context per node, each with its own copy of the run-config (~13 KB for all keys; issue 31)
+            # a context per node, each with its own copy of the run-config (~13 KB for all keys)
             "config": cfg.changed(),
         }}},
     }

@@ -4,7 +4,7 @@
     python -m fedpers.apps.supernode_start [--retry-for 150] [--bind-host-of NAME] -- flower-supernode ARGS...
     python /usr/local/bin/fedpers-supernode-start ...      (the SuperNode image: the same file, no fedpers)
 
-Two gaps of Flower 1.42's ``flower-supernode`` that this closes (issue 30):
+Two gaps of Flower 1.42's ``flower-supernode`` that this closes:
 
 * **Restart right after a kill.** The SuperLink keeps a killed node "online" until its heartbeats are
   missed (2 x 30 s, then the next sweep: 60-100 s), and until then it refuses the node's key: the new

@@ -107,7 +107,7 @@ class Federation:
     def client(self, partition_id: int, device: torch.device) -> ClientData:
         """Client ``partition_id``'s train/test tensors on ``device``, kept for the ``CLIENTS_KEPT`` clients
         served last: an actor of a 10,000-client run serves thousands of clients, and keeping every one would
-        grow its memory to a second copy of the dataset (issue 31)."""
+        grow its memory to a second copy of the dataset."""
         key = (partition_id, str(device))
         if key in self._clients:
             self._clients.move_to_end(key)

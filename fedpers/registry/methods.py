@@ -112,7 +112,7 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("fedfed", "strategies.fedfed:FedFedStrategy", "clients.fedfed:FedFedClient",
                    keys="fedpers.algorithms.fedfed:KEYS",
                    paper="Yang et al., NeurIPS 2023"),
-        # global federated optimizers (issue 4; JDFL wraps them, see JDFL_BASES)
+        # global federated optimizers (JDFL wraps them, see JDFL_BASES)
         MethodSpec("scaffold", "strategies.scaffold:ScaffoldStrategy", "clients.scaffold:ScaffoldClient",
                    keys="fedpers.algorithms.scaffold:KEYS",
                    paper="Karimireddy et al., ICML 2020"),
