@@ -352,12 +352,15 @@ def test_unregistered_supernode_is_refused(deployment, tmp_path):
 
 
 @pytest.mark.deployment
-def test_deployed_run_finishes_and_heads_persist(clean_run):
+def test_deployed_run_finishes_and_heads_persist(deployment, clean_run):
     from clients.base import arrays_digest
+    from fedpers.apps.bundle import build, contents
 
     cfg, out, summary = clean_run
     rounds = read_metrics(out)
     assert [r["round"] for r in rounds] == [1, 2] and summary["rounds"] == 2
+    # the run's app bundle carried the code, the same files as the repository's (tests/test_app_bundle.py)
+    assert deployment.bundle.startswith(f"app bundle: {len(contents(build(ROOT)))} files, ")
     for r in rounds:
         assert set(r["per_client_acc"]) == {"0", "1", "2"} and r["failed_clients"] == 0
         assert r["client_state_consistent"] is True and r["round_seconds"] > 0

@@ -476,3 +476,81 @@ def test_recorded_differences_reads_a_key_not_recorded_as_its_default(tmp_path):
     moved = replace(run, overrides={**run.overrides, "val_fraction": 0.15})
     assert recorded_differences(moved, recorded) == {"val_fraction": ("not recorded", 0.15)}
     assert recorded_differences(run, {**recorded, "local_epochs": 2}) == {"local_epochs": (2, 1)}
+
+
+LIST_ROW = """
+base: {rounds: 2, num_clients: 3, aux_size: 50, feature_dim: 16, local_epochs: 1, fraction_fit: 1.0}
+datasets: [digits]
+alphas: [0.5]
+seeds: [0]
+methods:
+  - fedavg
+  - {label: FedBABU, method: fedbabu, set: {fedbabu_finetune_also: "1,2,10", eval_every: 1}}
+"""
+
+
+@pytest.mark.parametrize("value, part", [("1,2,10", "1+2+10"), ("50,1ep", "50+1ep"), (0.005, "0.005"),
+                                         (False, "False"), ("se_cnn", "se_cnn"), ("1+2", "1@2b2"),
+                                         ("a/b", "a@2fb"), ("a-b", "a-b"), ("x y,#%", "x@20y+@23@25"),
+                                         ("λ=1", "@ce@bb@3d1")])
+def test_a_value_is_named_readably_and_reversibly(value, part):
+    """A list's commas become +, a + of the value itself (or any character but A-Z a-z 0-9 . _ -) is
+    escaped, so a list never reads as a scalar and two values never share a directory."""
+    from fedpers.apps.sweep import name_part, value_of_name_part
+
+    assert name_part(value) == part
+    assert value_of_name_part(part) == str(value)
+
+
+def test_run_dir_names_hold_only_characters_every_tool_carries(tmp_path):
+    """No comma (Flower's bundle manifest splits at it), space, quote, %, #, ~ or / in a run directory's
+    name; the list value of a row reads back from its name."""
+    from hypothesis import given, settings, strategies as st
+
+    from fedpers.apps.sweep import name_part, value_of_name_part
+
+    runs = planned_sweep(tmp_path, LIST_ROW.replace("[digits]", "[\"../data/my,set.npz\"]"), tmp_path / "out")
+    babu = next(r for r in runs if r.overrides["method"] == "fedbabu")
+    assert babu.run_key == "fedbabu_eval_every=1_fedbabu_finetune_also=1+2+10"
+    assert Path(babu.run_dir).relative_to(tmp_path / "out").parts == ("runs", babu.run_key, "my+set_a0.5", "seed0")
+    assert value_of_name_part(babu.run_key.rsplit("=", 1)[1]) == "1,2,10"
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.text())
+    def round_trip(text):
+        part = name_part(text)
+        assert re.fullmatch(r"[A-Za-z0-9._+@-]*", part)
+        assert value_of_name_part(part) == text
+
+    round_trip()
+
+
+def test_a_sweep_finds_its_finished_runs_under_the_new_names_and_moves_the_old_ones(tmp_path, capsys):
+    """A finished run under its name is skipped; one an older sweep left under its former name (commas as
+    written) is moved to the new name, then skipped, nothing run again or lost; a report of a sweep.json
+    written before the renaming finds the runs under either name."""
+    from fedpers.apps.sweep import read_plan
+
+    out = tmp_path / "out"
+    runs = planned_sweep(tmp_path, LIST_ROW, out)
+    fedavg, babu = sorted(runs, key=lambda r: r.overrides["method"] != "fedavg")
+    fake_run(fedavg, [0.5, 0.9])
+    legacy = out / "runs" / "fedbabu_eval_every=1_fedbabu_finetune_also=1,2,10" / "digits_a0.5" / "seed0"
+    fake_run(replace(babu, run_dir=str(legacy)), [0.5, 0.7])
+    old_plan = json.loads((out / "sweep.json").read_text())  # as a sweep before the renaming wrote it
+    for r in old_plan["runs"]:
+        r["run_key"] = r["run_key"].replace("1+2+10", "1,2,10")
+    (out / "sweep.json").write_text(json.dumps(old_plan))
+    assert read_plan(out)[1][1].run_dir == str(legacy)  # an old plan of runs not moved yet: found there
+    report(out)
+    assert "| FedBABU | 70.00±0.00 |" in (out / "table.md").read_text()
+
+    assert run_sweep(load_sweep(tmp_path / "s.yaml"), out) == []
+    printed = capsys.readouterr().out
+    assert (f"sweep | renamed {legacy.relative_to(out)} -> {Path(babu.run_dir).relative_to(out)}" in printed
+            and "2 runs, 2 already done, 0 to run" in printed)
+    assert not legacy.parent.parent.exists() and (Path(babu.run_dir) / "summary.json").is_file()
+    assert read_plan(out)[1][1].run_dir == babu.run_dir
+    report(out)
+    assert "| FedBABU | 70.00±0.00 |" in (out / "table.md").read_text()
+    assert not [p for p in out.rglob("*") if "," in p.name]

@@ -3,7 +3,8 @@
 #  0. prerequisites (deploy/compose/prereqs.sh: installed with apt where root, else one line naming them),
 #  1. base image (deploy/compose/build-base.sh; cached), 2. throwaway certs + superexec secret,
 #  3. `up -d --build` with docker-compose.yml + deploy/compose/local-base.yml (base images only),
-#  4. a short digits run submitted from the operator container (Control API on 127.0.0.1:9095 of
+#  4. the app bundle the operator submits (files and size, the same as `flwr build` of this checkout) and a
+#     short digits run submitted from the operator container (Control API on 127.0.0.1:9095 of
 #     fleet-proxy's network namespace), 5. run finished + metrics in the results volume,
 #  6. reachability probes (deploy/compose/probe.py) from inside containers, from the host and from a second
 #     network namespace routed through the host, 7. a SuperNode killed and restarted at once rejoins,
@@ -112,6 +113,13 @@ wait_online 180 || { "${COMPOSE[@]}" ps; fail "the SuperNodes did not come onlin
 T_UP=$(( $(date +%s) - t )); echo "stack up: $T_UP s (3 SuperNodes online, seen from the operator container)"
 
 step "4. a short run from the operator container: flwr run /app/fedpers-app --stream (Control API 127.0.0.1:9095)"
+# The bundle the run sends (code included) is the one `flwr build` makes of this checkout: same files, same
+# size (fedpers/apps/bundle.py; docs/running.md states it).
+BUNDLE_HERE=$("$BIN/python" -m fedpers.apps.bundle .) || fail "the checkout's app bundle"
+BUNDLE_OP=$(op python -m fedpers.apps.bundle /app/fedpers-app) || fail "the operator's app bundle"
+echo "  checkout:                 $BUNDLE_HERE"
+echo "  operator /app/fedpers-app: $BUNDLE_OP"
+[ "$BUNDLE_OP" = "$BUNDLE_HERE" ] || fail "the operator's app bundle is not the checkout's"
 # rounds' seconds are in metrics.jsonl (round_seconds) below.
 RUN_CONFIG="dataset='digits' num_clients=3 fraction_fit=1.0 rounds=2 local_epochs=1 batch_size=32 aux_size=100
  alpha=1.0 feature_dim=64 ea_steps=3 device='cpu' out_dir='/results/check' client_state_dir='/state'
@@ -295,4 +303,4 @@ for svc in superlink fleet-proxy runtime-proxy register-supernodes operator serv
 done
 echo
 echo "all checks passed; timings: base image ${T_BASE} s, compose build ${T_BUILD} s, up until 3 SuperNodes online" \
-     "${T_UP} s, 2-round run ${T_RUN} s"
+     "${T_UP} s, 2-round run ${T_RUN} s; $BUNDLE_OP"

@@ -297,10 +297,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(run.run_dir)
         return 0
     from fedpers.core.rundir import RunLock
-    from fedpers.apps.sweep import check_finished_runs, write_plan
+    from fedpers.apps.sweep import check_finished_runs, move_legacy_run_dirs, report_moves, write_plan
 
     with RunLock(args.out):  # a second sweep on the same directory would run the same runs twice
         if args.report_only:
+            report_moves(move_legacy_run_dirs(sweep, args.out), args.out, "sweep")
             check_finished_runs(plan(sweep, args.out), "sweep")  # before sweep.json is rewritten
             write_plan(sweep, args.out)
             failed = []

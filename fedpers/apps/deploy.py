@@ -378,6 +378,7 @@ class LocalDeployment:
         self.node_ports: dict[int, int] = {}
         self._extra: list[Proc] = []
         self._runs = 0
+        self.bundle = ""  # the last submitted run's app bundle, in one line (fedpers.apps.bundle.describe)
 
     # --- lifecycle ---------------------------------------------------------------------------------
     def __enter__(self) -> "LocalDeployment":
@@ -541,11 +542,15 @@ class LocalDeployment:
                               text=True, timeout=timeout, cwd=self.root)
 
     def submit(self, cfg) -> Proc:
-        """``flwr run`` of ``cfg`` (streamed to a log); returns the running ``flwr run`` process."""
+        """``flwr run`` of ``cfg`` (streamed to a log); returns the running ``flwr run`` process. The app
+        directory holds the app's packages, so the bundle the SuperLink and SuperNodes get is the one
+        ``flwr build`` makes of the repository (:mod:`fedpers.apps.bundle`; :attr:`bundle` says its size)."""
+        from fedpers.apps.bundle import build, describe
         from fedpers.apps.simulation import write_app_dir
 
         self._runs += 1
-        app = write_app_dir(cfg, self.root / f"app-{self._runs}")
+        app = write_app_dir(cfg, self.root / f"app-{self._runs}", code=True)
+        self.bundle = describe(build(app))
         proc = Proc(f"flwr-run-{self._runs}", [_bin("flwr"), "run", str(app), FEDERATION, "--stream"],
                     self.logs / f"flwr-run-{self._runs}.log", self._env(self.flwr_home), cwd=self.root)
         self._extra.append(proc)
@@ -717,6 +722,7 @@ def deploy_local(cfg, clients: int, out: str | os.PathLike, isolation: str = "su
               f"https://{dep.control_address}; {clients} SuperNodes ({isolation} isolation), logs {dep.logs}; "
               f"restart a killed SuperNode: fedpers deploy restart-node --out {out} N", flush=True)
         run = dep.submit(cfg)
+        print(f"fedpers | deploy: {dep.bundle}, sent to the SuperLink and each SuperNode", flush=True)
         return dep.wait(run, cfg, timeout)
 
 

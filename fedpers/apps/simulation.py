@@ -39,18 +39,24 @@ def backend_config(cfg: Config) -> dict:
     }
 
 
-def write_app_dir(cfg: Config, directory: Path) -> Path:
-    """A minimal Flower app directory whose run-config is ``cfg`` (read by every simulated SuperNode)."""
-    project = {
-        "project": {"name": "fedpers-run", "version": "0.1.0"},
-        "tool": {"flwr": {"app": {
-            "publisher": "fedpers",
-            "components": {"serverapp": "fedpers.apps.server_app:server_app", "clientapp": CLIENT_APP_ATTR},
-            # only the keys that differ from the defaults (the clients fill those in): the simulation keeps
-            # a context per node, each with its own copy of the run-config (~13 KB for all keys)
-            "config": cfg.changed(),
-        }}},
+def write_app_dir(cfg: Config, directory: Path, *, code: bool = False) -> Path:
+    """A minimal Flower app directory whose run-config is ``cfg`` (read by every simulated SuperNode).
+    ``code=True`` (what ``flwr run`` of it submits to a deployment) also copies the app's packages into it
+    and names them in ``fab-include``: the bundle is then the one ``flwr build`` makes of the repository
+    (:mod:`fedpers.apps.bundle`), and the SuperLink and SuperNodes run that code."""
+    app = {
+        "publisher": "fedpers",
+        "components": {"serverapp": "fedpers.apps.server_app:server_app", "clientapp": CLIENT_APP_ATTR},
+        # only the keys that differ from the defaults (the clients fill those in): the simulation keeps
+        # a context per node, each with its own copy of the run-config (~13 KB for all keys)
+        "config": cfg.changed(),
     }
+    if code:
+        from fedpers.apps.bundle import FAB_INCLUDE, write_app_code
+
+        app["fab-include"] = FAB_INCLUDE
+        write_app_code(directory)
+    project = {"project": {"name": "fedpers-run", "version": "0.1.0"}, "tool": {"flwr": {"app": app}}}
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "pyproject.toml").write_text(tomli_w.dumps(project))
     return directory

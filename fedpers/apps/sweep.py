@@ -42,9 +42,11 @@ where it stopped: at the next run, or inside the interrupted one after its last 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import string
 import subprocess
 import sys
 import time
@@ -74,7 +76,15 @@ class MethodEntry:
 
     @property
     def run_key(self) -> str:
-        """Directory name shared by rows with the same method and overrides."""
+        """Directory name shared by rows with the same method and overrides: ``<method>_<key>=<value>...``,
+        each value as :func:`name_part` writes it."""
+        extra = "".join(f"_{k}={name_part(v)}" for k, v in sorted(self.set.items()))
+        return f"{name_part(self.method)}{extra}"
+
+    @property
+    def legacy_run_key(self) -> str:
+        """The name :attr:`run_key` had before run directories were named by :func:`name_part` (values
+        as written, ``/`` as ``-``): where an older sweep left this row's runs."""
         extra = "".join(f"_{k}={v}" for k, v in sorted(self.set.items()))
         return f"{self.method}{extra}".replace("/", "-")
 
@@ -126,6 +136,48 @@ class PlannedRun:
 def dataset_tag(dataset: str) -> str:
     """Short name of a dataset (file stem for paths)."""
     return Path(dataset).stem if dataset.endswith(".npz") else dataset
+
+
+# The characters a run directory's name keeps as they are: POSIX's portable file-name characters. The
+# others break some tool that carries the name: Flower's app-bundle manifest is one `path,hash,size` line
+# per file (a comma in a path stops `flwr run`), shells split at spaces and expand `~`, `*`, `$`, and URLs
+# give `%`, `?`, `#`, `+` and `,` meanings of their own.
+NAME_CHARS = frozenset(string.ascii_letters + string.digits + "._-")
+LIST_SEPARATOR = "+"  # a comma of a list value ("1,2,10" -> 1+2+10)
+ESCAPE = "@"  # any other character: @ and its UTF-8 bytes in hex ("/" -> @2f, a "+" of the value -> @2b)
+
+
+def name_part(value: Any) -> str:
+    """``value`` as a part of a run directory's name (a row's ``set`` values, a dataset's tag, an alpha):
+    its text with each comma, the separator of a list value (``ea_also: "50,1ep"``), as ``+``, and each
+    other character outside ``A-Z a-z 0-9 . _ -`` as ``@`` and its UTF-8 bytes in hex (``/`` -> ``@2f``).
+    Readable for the values rows set (numbers, names, lists) and reversible (:func:`value_of_name_part`):
+    two values never share a directory, and a list never reads as a scalar (``"1+2"`` is ``1@2b2``)."""
+    out = []
+    for char in str(value):
+        if char in NAME_CHARS:
+            out.append(char)
+        elif char == ",":
+            out.append(LIST_SEPARATOR)
+        else:
+            out.extend(f"{ESCAPE}{byte:02x}" for byte in char.encode())
+    return "".join(out)
+
+
+def value_of_name_part(part: str) -> str:
+    """The text :func:`name_part` made ``part`` from (``1+2+10`` -> ``"1,2,10"``, ``a@2fb`` -> ``"a/b"``)."""
+    out = bytearray()
+    i = 0
+    while i < len(part):
+        if part[i] == LIST_SEPARATOR:
+            out += b","
+        elif part[i] == ESCAPE:
+            out += bytes.fromhex(part[i + 1:i + 3])
+            i += 2
+        else:
+            out += part[i].encode()
+        i += 1
+    return out.decode()
 
 
 def _as_list(raw: dict, key: str, path: Path) -> list:
@@ -368,7 +420,48 @@ def check_datasets(sweep: Sweep, path: str | Path) -> None:
 
 def run_dir_of(out: str | Path, run_key: str, dataset: str, alpha: float, seed: int) -> Path:
     """Where a sweep in ``out`` keeps one run."""
-    return Path(out) / "runs" / run_key / f"{dataset_tag(dataset)}_a{alpha:g}" / f"seed{seed}"
+    column = f"{name_part(dataset_tag(dataset))}_a{name_part(f'{alpha:g}')}"
+    return Path(out) / "runs" / run_key / column / f"seed{seed}"
+
+
+def legacy_run_dir_of(out: str | Path, entry: MethodEntry, dataset: str, alpha: float, seed: int) -> Path:
+    """Where a sweep before :func:`name_part` kept the run of ``entry`` (:attr:`MethodEntry.legacy_run_key`)."""
+    return Path(out) / "runs" / entry.legacy_run_key / f"{dataset_tag(dataset)}_a{alpha:g}" / f"seed{seed}"
+
+
+def move_legacy_run_dirs(sweep: Sweep, out: str | Path) -> list[tuple[Path, Path]]:
+    """Move each run an older sweep in ``out`` left under its former name (a comma or a slash in a value:
+    :attr:`MethodEntry.legacy_run_key`) to the name the plan gives it now, so the sweep finds it finished or
+    resumes it instead of running it again; a run the new name already holds is left where it is. Each
+    move holds the run's lock (a run still writing there is refused, as a second run would be). Returns
+    the moves made, (old, new)."""
+    from fedpers.core.rundir import RunLock
+
+    out = Path(out)
+    moved = []
+    for entry in sweep.methods:
+        for seed in sweep.seeds_of(entry):
+            for dataset in sweep.datasets:
+                for alpha in sweep.alphas:
+                    old = legacy_run_dir_of(out, entry, dataset, alpha, seed)
+                    new = run_dir_of(out, entry.run_key, dataset, alpha, seed)
+                    if old == new or not old.is_dir() or new.exists():
+                        continue
+                    with RunLock(old):
+                        new.parent.mkdir(parents=True, exist_ok=True)
+                        os.rename(old, new)
+                    moved.append((old, new))
+                    for parent in (old.parent, old.parent.parent):  # the alpha and run-key levels, once empty
+                        with contextlib.suppress(OSError):
+                            parent.rmdir()
+    return moved
+
+
+def report_moves(moved: list[tuple[Path, Path]], out: str | Path, who: str) -> None:
+    """One line per run :func:`move_legacy_run_dirs` moved."""
+    for old, new in moved:
+        print(f"{who} | renamed {old.relative_to(out)} -> {new.relative_to(out)} (run directory names: "
+              "docs/running.md)", flush=True)
 
 
 def plan(sweep: Sweep, out: str | Path) -> list[PlannedRun]:
@@ -412,11 +505,23 @@ def read_plan(out: str | Path) -> tuple[Sweep, list[PlannedRun]]:
                        for m in s["methods"]], s["datasets"], s["alphas"], s["seeds"], s["base"],
                       s["ablation"], s.get("paper", {}), s.get("claims", []), s.get("report", {}))
         runs = [PlannedRun(**r) for r in raw["runs"]]
-        return sweep, [replace(r, run_dir=str(run_dir_of(out, r.run_key, r.dataset, r.alpha, r.seed)))
-                       for r in runs]
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path} is not a sweep.json written by `fedpers sweep` ({type(exc).__name__}); "
                           "run `fedpers sweep` again to rewrite it") from None
+    # A plan written before run directories were named by name_part names its runs by their former
+    # names: each is the run of the row whose name it was, found under the name its directory has.
+    by_key = {m.run_key: m for m in sweep.methods}
+    by_legacy = {m.legacy_run_key: m for m in sweep.methods}
+    found = []
+    for r in runs:
+        entry = by_key.get(r.run_key) or by_legacy.get(r.run_key)
+        key = entry.run_key if entry is not None else r.run_key
+        run_dir = run_dir_of(out, key, r.dataset, r.alpha, r.seed)
+        if entry is not None and not run_dir.exists():
+            legacy = legacy_run_dir_of(out, entry, r.dataset, r.alpha, r.seed)
+            run_dir = legacy if legacy.exists() else run_dir
+        found.append(replace(r, run_key=key, run_dir=str(run_dir)))
+    return sweep, found
 
 
 # Keys a finished run and its plan may differ in: where and how it ran, and where its data lies
@@ -547,6 +652,7 @@ def run_sweep(sweep: Sweep, out: str | Path, *, tensorboard: bool = False, jobs:
     on ``engine``. Returns the runs that failed."""
     if jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+    report_moves(move_legacy_run_dirs(sweep, out), out, "sweep")
     runs = plan(sweep, out)
     check_finished_runs(runs, "sweep")
     write_plan(sweep, out)
