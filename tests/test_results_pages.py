@@ -76,3 +76,26 @@ def test_docs_check_exits_1_when_stale(tmp_path):
     stale = docs("--check")
     assert stale.returncode == 1 and "README.md: generated blocks are stale" in stale.stdout
     assert docs().returncode == 0 and docs("--check").returncode == 0
+
+
+STUDIES = sorted(p.parent.name for p in (ROOT / "benchmarks" / "results").glob("*/sweep.json"))
+GENERATED = ("table.md", "table.csv", "claims.md", "claims.json", "versus.md", "validation.md", "round_statistics.md")
+
+
+@pytest.mark.parametrize("study", STUDIES)
+def test_each_committed_study_report_is_what_fedpers_report_writes_now(study, tmp_path):
+    """`fedpers report DIR` alone (the study's own report options) rewrites every committed table and
+    verdict byte for byte: no study file is kept by hand, and none is stale after a change of the rule."""
+    import shutil
+
+    from fedpers.apps.report import report
+
+    copy = tmp_path / study
+    shutil.copytree(ROOT / "benchmarks" / "results" / study, copy,
+                    ignore=shutil.ignore_patterns("*.png", "checkpoint", "client_state"))
+    report(copy)
+    for name in GENERATED:
+        committed = ROOT / "benchmarks" / "results" / study / name
+        if committed.exists():
+            assert (copy / name).read_text() == committed.read_text(), (
+                f"benchmarks/results/{study}/{name} is stale: run `fedpers report benchmarks/results/{study}`")
