@@ -328,3 +328,13 @@ def test_a_sweep_file_with_claims_is_checked_when_loaded(tmp_path):
         load_sweep(path)
     path.write_text(path.read_text().replace("fedprox", "fedavg"))
     assert load_sweep(path).claims == [{"id": "x", "order": ["fedper", "fedavg"]}]
+
+
+def test_runs_trained_on_a_gpu_are_named_in_the_cells(tmp_path):
+    runs = [make_run(tmp_path, "A", s, [0.92, 0.93]) for s in range(2)] + [make_run(tmp_path, "B", 0, [0.90, 0.91])]
+    summary = tmp_path / "runs" / "A" / "seed1" / "summary.json"
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), "config": {"device": "cuda:0"}}))
+    got = verdicts(tmp_path, ["A", "B"], runs, [{"id": "w", "within": {"rows": ["A"], "tolerance": 5}}],
+                   paper={"A": {"mnist_a0.05": 92.0}})["w"]
+    assert got["cells"]["A"]["gpu_seeds"] == [1]
+    assert "| A | 92.00 | 92.50 ± 0.00 (GPU: seed 1) | 2 |" in (tmp_path / "claims.md").read_text()

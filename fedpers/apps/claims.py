@@ -333,6 +333,11 @@ def judge(claim: Claim, rows: dict[str, dict[int, RowRun]], paper: dict[str, dic
         out["cells"][label] = {"n": len(values), "finished": len(finished[label]),
                                "paper": paper.get(label, {}).get(claim.column),
                                "mean": float(np.mean(values)) if values else None, "sd": _sample_sd(values)}
+        # runs trained on a GPU, named wherever their numbers are used (their arithmetic differs from the
+        # CPU's in the last digits)
+        gpu = sorted(s for s, r in kept.items() if str(r.summary.get("config", {}).get("device", "")).startswith("cuda"))
+        if gpu:
+            out["cells"][label]["gpu_seeds"] = gpu
     not_run = [label for label in claim.rows if not finished[label]]
     n = min(cell["n"] for cell in out["cells"].values())
     out["n"] = n
@@ -427,7 +432,9 @@ def _pct(x: float | None) -> str:
 def _ours(cell: dict[str, Any]) -> str:
     if not cell["n"]:
         return "not run"
-    return f"{cell['mean']:.2f}" + (f" ± {cell['sd']:.2f}" if cell.get("sd") is not None else "")
+    gpu = cell.get("gpu_seeds")
+    return (f"{cell['mean']:.2f}" + (f" ± {cell['sd']:.2f}" if cell.get("sd") is not None else "")
+            + (f" (GPU: seed{'s' if len(gpu) > 1 else ''} {', '.join(map(str, gpu))})" if gpu else ""))
 
 
 def _span(c: dict[str, Any]) -> str:

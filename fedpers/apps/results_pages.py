@@ -77,6 +77,13 @@ def _ours_text(r: dict[str, Any]) -> str:
     return "; ".join(parts) or "not run"
 
 
+def _gpu_note(r: dict[str, Any]) -> str:
+    """Which of the claim's runs trained on a GPU (row: seeds), or nothing."""
+    used = [f"{label} seed{'s' if len(c['gpu_seeds']) > 1 else ''} {', '.join(map(str, c['gpu_seeds']))}"
+            for label, c in r["cells"].items() if c.get("gpu_seeds")]
+    return f"; GPU: {'; '.join(used)}" if used else ""
+
+
 def _verdict(r: dict[str, Any]) -> str:
     return r["verdict"] + (f", {r['seed_note']}" if r.get("seed_note") and r["verdict"] != "not run" else "")
 
@@ -96,7 +103,7 @@ def claims_rows(root: Path, page: Path, args: str) -> list[str]:
                 continue
             others = "; ".join(f"{o['value']}: {_verdict(o)}" for o in r.get("other_readings", [])) or "–"
             lines.append(f"| {Path(study).name} | [{r['id']}]({_link(root, page, study, r['id'])}) | {r['value']} | "
-                         f"{_paper_text(r)} | {_ours_text(r)} | {_verdict(r)} | {r.get('size') or '–'} | {r['n']} | "
+                         f"{_paper_text(r)} | {_ours_text(r)}{_gpu_note(r)} | {_verdict(r)} | {r.get('size') or '–'} | {r['n']} | "
                          f"{others} |")
     return lines
 
