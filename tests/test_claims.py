@@ -313,6 +313,9 @@ def test_within_judges_the_cells_that_ran_and_one_outside_fails_it_before_the_re
     ({"id": "x", "order": ["A", "B"], "value": "mean"}, "'value' must be one of final, best, last5"),
     ({"id": "x", "order": ["A", "B"], "column": "cifar10_a0.1"}, "'column' must be one of mnist_a0.05"),
     ({"id": "x", "order": ["A", "B"], "verdict": "holds"}, "unknown entries ['verdict']"),
+    ({"id": "x", "within": {"rows": "all", "tolerance": 1}}, "no row has a mnist_a0.05 number"),
+    ({"id": "x", "delta": {"a": "A", "b": "A", "paper": 1.0}}, "'A' is compared with itself"),
+    ({"id": "x", "order": ["B", "A", "B"]}, "'B' is compared with itself"),
 ])
 def test_a_bad_claim_is_one_clear_line(claim, words):
     with pytest.raises(ConfigError, match="claim") as info:
@@ -338,3 +341,38 @@ def test_runs_trained_on_a_gpu_are_named_in_the_cells(tmp_path):
                    paper={"A": {"mnist_a0.05": 92.0}})["w"]
     assert got["cells"]["A"]["gpu_seeds"] == [1]
     assert "| A | 92.00 | 92.50 ± 0.00 (GPU: seed 1) | 2 |" in (tmp_path / "claims.md").read_text()
+
+
+def test_a_negative_tolerance_and_a_metric_no_run_records_are_one_clear_line(tmp_path):
+    with pytest.raises(ConfigError, match="within 'tolerance' must be 0 or more points, got -1"):
+        parse_claims([{"id": "x", "within": {"rows": ["A"], "tolerance": -1}}], ["A"], ["mnist_a0.05"],
+                     {"A": {"mnist_a0.05": 90.0}}, "sweep s.yaml")
+    runs = [make_run(tmp_path, "A", 0, [0.9, 0.9]), make_run(tmp_path, "B", 0, [0.8, 0.8])]
+    with pytest.raises(ConfigError, match="claim metric 'personalized_macro_acc_fair': the finished run .* does not "
+                                          "record it \\(it records personalized_macro_acc\\)"):
+        verdicts(tmp_path, ["A", "B"], runs, [{"id": "x", "order": ["A", "B"], "metric": "personalized_macro_acc_fair"}])
+
+
+@pytest.mark.parametrize("change, words", [
+    ("methods: [fedavg, fedper]", "'methods' is empty"),
+    ("seeds: [0]", "'seeds' is empty"),
+    ("alphas: [0.5]", "'alphas' is empty"),
+])
+def test_an_empty_study_is_refused(tmp_path, change, words):
+    body = "base: {dataset: digits}\ndatasets: [digits]\nalphas: [0.5]\nseeds: [0]\nmethods: [fedavg, fedper]\n"
+    empty = {"methods": "methods: []", "seeds": "seeds: []", "alphas": "alphas: []"}[change.split(":")[0]]
+    path = tmp_path / "s.yaml"
+    path.write_text(body.replace(change, empty))
+    with pytest.raises(ConfigError, match=words):
+        load_sweep(path)
+
+
+def test_paper_numbers_for_a_row_or_column_the_study_lacks_are_refused(tmp_path):
+    body = "base: {dataset: digits}\ndatasets: [digits]\nalphas: [0.5]\nseeds: [0]\nmethods: [fedavg, fedper]\n"
+    path = tmp_path / "s.yaml"
+    path.write_text(body + "paper:\n  fedprox: {digits_a0.5: 90}\n")
+    with pytest.raises(ConfigError, match="'paper' gives numbers for 'fedprox', not a row of the study"):
+        load_sweep(path)
+    path.write_text(body + "paper:\n  fedavg: {digits_a0.1: 90}\n")
+    with pytest.raises(ConfigError, match="'paper' gives fedavg numbers for digits_a0.1, not a column of the study"):
+        load_sweep(path)

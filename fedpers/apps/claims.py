@@ -122,12 +122,19 @@ def parse_claims(raw: Any, labels: list[str], columns: list[str], paper: dict[st
             if not isinstance(body, dict) or "tolerance" not in body:
                 raise ConfigError(f"{where}: 'within' is {{rows: [ROW, ...] or all, tolerance: POINTS}}")
             tolerance = _number(body["tolerance"], f"{where}: within 'tolerance'")
+            if tolerance < 0:
+                raise ConfigError(f"{where}: within 'tolerance' must be 0 or more points, got {tolerance:g}")
             chosen = body.get("rows", "all")
             rows = list(labels) if chosen == "all" else [str(r) for r in (chosen if isinstance(chosen, list) else [chosen])]
             rows = [r for r in rows if chosen != "all" or column in paper.get(r, {})]
+            if not rows:
+                raise ConfigError(f"{where}: no row has a {column} number in the study's 'paper' table to be within")
             missing = [r for r in rows if column not in paper.get(r, {})]
             if missing:
                 raise ConfigError(f"{where}: the study's 'paper' table has no {column} number for {', '.join(missing)}")
+        if form in ("order", "delta") and len(set(rows)) != len(rows):
+            twice = sorted({r for r in rows if rows.count(r) > 1})
+            raise ConfigError(f"{where}: {', '.join(map(repr, twice))} is compared with itself (each row once)")
         unknown_rows = [r for r in rows if r not in labels]
         if unknown_rows:
             raise ConfigError(f"{where}: {', '.join(map(repr, unknown_rows))} is not a row of the study "
@@ -164,6 +171,10 @@ def row_runs(run_dirs: dict[int, str], metric: str | None, row_metric: str | Non
             continue
         summary = json.loads(path.read_text())
         name = metric or row_metric or summary["metric"]
+        recorded = summary.get("final") or {}
+        if metric and recorded and metric not in recorded:
+            raise ConfigError(f"claim metric {metric!r}: the finished run {run_dir} does not record it (it records "
+                              f"{', '.join(sorted(recorded))})")
         chosen = summary.get(SUMMARY_VALUE[value], {}).get(name)
         if chosen is None:
             continue

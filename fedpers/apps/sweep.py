@@ -347,6 +347,7 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, datasets: list[s
     if not isinstance(raw, dict):
         raise ConfigError(f"sweep file {p} must be a mapping (base, methods, datasets, alphas, seeds), "
                           f"got {type(raw).__name__}")
+    own_paper = raw.get("paper") or {}  # an extended declaration's numbers may cover columns this study leaves out
     if "extends" in raw:
         unknown = set(map(str, raw)) - SWEEP_ENTRIES - {"extends", "rows"}
         if unknown:
@@ -390,6 +391,18 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, datasets: list[s
     if len(set(labels)) != len(labels):
         raise ConfigError(f"sweep {p}: method labels must be unique, got {labels}")
     sweep = replace(sweep, report=_report_options(raw.get("report"), labels, p))
+    for key, values in (("methods", sweep.methods), ("datasets", sweep.datasets), ("alphas", sweep.alphas),
+                        ("seeds", sweep.seeds)):
+        if not values:
+            raise ConfigError(f"sweep {p}: '{key}' is empty: a study lists at least one")
+    for label, cells in _paper_numbers(own_paper, p).items():
+        if label not in labels:
+            raise ConfigError(f"sweep {p}: 'paper' gives numbers for {shown(label)}, not a row of the study "
+                              f"(rows: {', '.join(labels)})")
+        unknown_columns = sorted(set(cells) - set(sweep.columns))
+        if unknown_columns:
+            raise ConfigError(f"sweep {p}: 'paper' gives {label} numbers for {', '.join(unknown_columns)}, not a "
+                              f"column of the study (columns: {', '.join(sweep.columns)})")
     from fedpers.apps.claims import parse_claims
 
     parse_claims(raw.get("claims"), labels, sweep.columns, sweep.paper, f"sweep {p}")
