@@ -102,3 +102,68 @@ def test_cli_writes_a_dataset_the_loader_reads_and_never_overwrites(tmp_path):
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1
     assert "nowhere: not a folder" in missing.stderr
     assert not (tmp_path / "x.npz").exists()
+
+
+def test_domain_order_sets_the_domain_ids(tmp_path):
+    root = _tree(tmp_path, domains=["sketch", "photo", "art"])
+    arrays = import_image_folder(root, domains=True, domain_order=["photo", "art", "sketch"])
+    assert list(arrays["domain_names"]) == ["photo", "art", "sketch"]
+    # images are read in id order: photo (0), art (1), sketch (2); classes sorted within each
+    np.testing.assert_array_equal(arrays["d_train"], [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2])
+    np.testing.assert_array_equal(arrays["d_test"], [0, 0, 1, 1, 2, 2])
+    np.testing.assert_array_equal(arrays["y_train"], [0, 0, 1, 1] * 3)
+    assert arrays["x_train"][8, 0, 0, 0] == 110  # sketch's apple 0, now domain 2
+    default = import_image_folder(root, domains=True)  # sorted: art, photo, sketch
+    assert list(default["domain_names"]) == ["art", "photo", "sketch"]
+    by_name = {n: default["x_train"][default["d_train"] == d] for d, n in enumerate(default["domain_names"])}
+    for d, name in enumerate(arrays["domain_names"]):  # the same images per domain, only the ids move
+        np.testing.assert_array_equal(arrays["x_train"][arrays["d_train"] == d], by_name[name])
+
+
+def test_domain_order_must_name_every_domain_once(tmp_path):
+    root = _tree(tmp_path, domains=["sketch", "photo"])
+    with pytest.raises(DataError, match="not named: sketch"):
+        import_image_folder(root, domains=True, domain_order=["photo"])
+    with pytest.raises(DataError, match="no folder: cartoon"):
+        import_image_folder(root, domains=True, domain_order=["photo", "sketch", "cartoon"])
+    with pytest.raises(DataError, match="names photo more than once"):
+        import_image_folder(root, domains=True, domain_order=["photo", "photo", "sketch"])
+    with pytest.raises(DataError, match="needs a tree with a domain level"):
+        import_image_folder(root, domain_order=["photo", "sketch"])
+
+
+def test_cli_domain_order(tmp_path):
+    root = _tree(tmp_path / "tree", domains=["sketch", "photo"])
+    out = tmp_path / "d.npz"
+    done = run_cli("data", "import-folder", str(root), "--out", str(out), "--domains",
+                   "--domain-order", "sketch, photo")
+    assert done.returncode == 0, done.stderr
+    assert "2 domains" in done.stdout
+    with np.load(out) as f:
+        assert list(f["domain_names"]) == ["sketch", "photo"]
+        np.testing.assert_array_equal(f["d_test"], [0, 0, 1, 1])
+    bad = run_cli("data", "import-folder", str(root), "--out", str(tmp_path / "e.npz"), "--domain-order", "photo")
+    assert bad.returncode == 2 and "--domain-order needs --domains" in bad.stderr
+    assert not (tmp_path / "e.npz").exists()
+
+
+def test_resample_names_pillows_filter(tmp_path):
+    rng = np.random.default_rng(0)
+    root = tmp_path / "tree"
+    for split in ("train", "test"):
+        path = root / split / "cat" / "0.png"
+        path.parent.mkdir(parents=True)
+        Image.fromarray(rng.integers(0, 256, (9, 9, 3), dtype=np.uint8)).save(path)
+    with Image.open(root / "train" / "cat" / "0.png") as img:
+        want = {name: np.asarray(img.convert("RGB").resize((4, 4), getattr(Image.Resampling, name.upper()),
+                                                           reducing_gap=None)) for name in ("bilinear", "bicubic")}
+    assert not np.array_equal(want["bilinear"], want["bicubic"])
+    np.testing.assert_array_equal(import_image_folder(root, size=4)["x_train"][0], want["bilinear"])  # the default
+    np.testing.assert_array_equal(import_image_folder(root, size=4, resample="bicubic")["x_train"][0], want["bicubic"])
+    with pytest.raises(DataError, match="resample must be one of bilinear, bicubic, lanczos, got 'area'"):
+        import_image_folder(root, size=4, resample="area")
+    out = tmp_path / "b.npz"
+    done = run_cli("data", "import-folder", str(root), "--out", str(out), "--size", "4", "--resample", "bicubic")
+    assert done.returncode == 0, done.stderr
+    with np.load(out) as f:
+        np.testing.assert_array_equal(f["x_train"][0], want["bicubic"])

@@ -97,10 +97,16 @@ def _parser() -> argparse.ArgumentParser:
     imp.add_argument("tree", help="the tree's root folder (holding train/ and test/)")
     imp.add_argument("--out", required=True, help="the .npz file to write (refused when it exists)")
     imp.add_argument("--size", type=int, default=None,
-                     help="resize every image to SIZE x SIZE (bilinear, antialiased); without it all images must "
-                          "have one size")
+                     help="resize every image to SIZE x SIZE (antialiased; filter: --resample); without it all "
+                          "images must have one size")
+    imp.add_argument("--resample", choices=("bilinear", "bicubic", "lanczos"), default="bilinear",
+                     help="Pillow's resize filter for --size (default bilinear; Pillow's own default for RGB, and "
+                          "shared/data/pacs.npz's, is bicubic)")
     imp.add_argument("--domains", action="store_true",
                      help="the tree has a domain level: TREE/<split>/<domain>/<class>/*")
+    imp.add_argument("--domain-order", default=None, metavar="D0,D1,...",
+                     help="with --domains: the domain folders in the order of their ids (each named once; "
+                          "default: sorted by name), e.g. photo,art_painting,cartoon,sketch for PACS")
     imp.add_argument("--gray", action="store_true", help="convert to one grayscale channel (default: RGB)")
     deploy = sub.add_parser("deploy", help="real Flower deployment: SuperLink + SuperNodes (TLS, node auth)")
     dsub = deploy.add_subparsers(dest="deploy_command", required=True)
@@ -353,7 +359,13 @@ def cmd_data(args: argparse.Namespace) -> int:
         raise FedpersError(f"--out {cut(str(out))}: exists; a dataset file is never overwritten (remove it first)")
     if not out.parent.is_dir():
         raise FedpersError(f"--out {cut(str(out))}: its folder does not exist")
-    arrays = import_image_folder(Path(args.tree), size=args.size, domains=args.domains, gray=args.gray)
+    order = None
+    if args.domain_order is not None:
+        if not args.domains:
+            raise FedpersError("--domain-order needs --domains (a tree with a domain level)")
+        order = [d.strip() for d in args.domain_order.split(",")]
+    arrays = import_image_folder(Path(args.tree), size=args.size, domains=args.domains, gray=args.gray,
+                                 domain_order=order, resample=args.resample)
     partial = out.with_name(out.name + ".partial.npz")
     try:
         np.savez_compressed(partial, **arrays)
