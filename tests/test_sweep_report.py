@@ -554,3 +554,32 @@ def test_a_sweep_finds_its_finished_runs_under_the_new_names_and_moves_the_old_o
     report(out)
     assert "| FedBABU | 70.00±0.00 |" in (out / "table.md").read_text()
     assert not [p for p in out.rglob("*") if "," in p.name]
+
+
+def test_report_refuses_odd_run_files_in_one_line_before_writing(tmp_path):
+    """A summary.json that is a folder, a final value of NaN and a --value the runs never recorded are each
+    one line naming the file; a folder the report cannot write in too (nothing is written first)."""
+    from fedpers.apps.report import check_writable
+
+    out = tmp_path / "out"
+    runs = planned_sweep(tmp_path, SWEEP, out)
+    for run in runs:
+        fake_run(run, [0.5, 0.6])
+    summary = Path(runs[0].run_dir) / "summary.json"
+    saved = summary.read_text()
+    summary.unlink()
+    summary.mkdir()
+    with pytest.raises(ConfigError, match=f"report: {summary} cannot be read"):
+        report(out)
+    summary.rmdir()
+    summary.write_text(saved.replace('"personalized_macro_acc": 0.6', '"personalized_macro_acc": NaN', 1))
+    with pytest.raises(ConfigError, match="final personalized_macro_acc is not a number \\(NaN or Inf"):
+        report(out)
+    data = json.loads(saved)
+    data.pop("best")
+    summary.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match="records no 'best' values .*report another --value"):
+        report(out, value="best")
+    assert not (out / "table.md").exists()  # every refusal came before any file
+    with pytest.raises(ConfigError, match="report: /proc cannot be written"):
+        check_writable(Path("/proc"))

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -610,12 +611,24 @@ def check_run_files(runs: list[PlannedRun], value: str = "final") -> set[str]:
         except (ValueError, UnicodeDecodeError) as exc:
             raise ConfigError(f"report: {summary_path} is not a whole summary.json ({type(exc).__name__}); "
                               "nothing was written") from None
-        metrics.update(k for k, v in (summary.get(VALUES[value]) or {}).items() if isinstance(v, (int, float)))
+        except OSError as exc:  # a directory, unreadable
+            raise ConfigError(f"report: {summary_path} cannot be read ({exc.strerror}); nothing was written") from None
+        chosen = summary.get(VALUES[value])
+        if not isinstance(chosen, dict):
+            raise ConfigError(f"report: {summary_path} records no {VALUES[value]!r} values (a run from before they "
+                              f"were recorded?): report another --value; nothing was written")
+        broken = sorted(k for k, v in chosen.items() if isinstance(v, float) and not math.isfinite(v))
+        if broken:
+            raise ConfigError(f"report: {summary_path}: {VALUES[value]} {', '.join(broken)} is not a number (NaN or "
+                              "Inf: a broken run); nothing was written")
+        metrics.update(k for k, v in chosen.items() if isinstance(v, (int, float)))
         metrics_path = Path(run.run_dir) / "metrics.jsonl"
         try:
             lines = metrics_path.read_text().splitlines() if metrics_path.exists() else []
         except UnicodeDecodeError:
             raise ConfigError(f"report: {metrics_path} is not text; nothing was written") from None
+        except OSError as exc:
+            raise ConfigError(f"report: {metrics_path} cannot be read ({exc.strerror}); nothing was written") from None
         for number, line in enumerate(lines, 1):
             try:
                 if line.strip() and not isinstance(json.loads(line), dict):
@@ -624,6 +637,18 @@ def check_run_files(runs: list[PlannedRun], value: str = "final") -> set[str]:
                 raise ConfigError(f"report: {metrics_path} line {number} is not a whole JSON record (a torn "
                                   "write?); nothing was written") from None
     return metrics
+
+
+def check_writable(out: Path) -> None:
+    """A file can be made in ``out`` (a read-only folder or file system is one line before any file is
+    written; root passes permission checks, so the folder is tried, not asked)."""
+    import tempfile
+
+    try:
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".fedpers-report-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"report: {out} cannot be written ({exc.strerror}); nothing was written") from None
 
 
 def report(out: str | Path, *, value: str | None = None, metric: str | None = None,
@@ -642,6 +667,7 @@ def report(out: str | Path, *, value: str | None = None, metric: str | None = No
     versus = versus or sweep.report.get("versus")
     metrics = check_run_files(runs, value)  # before any file is written: a refused report changes nothing
     check_finished_runs(runs, "report")
+    check_writable(out)
     if metric and metrics and metric not in metrics:
         raise ConfigError(f"report: --metric {shown(metric)} is not a metric of these runs; they have "
                           f"{', '.join(sorted(metrics))}")
