@@ -223,9 +223,23 @@ def test_refused_resume_leaves_metrics_and_summary_as_they_were(finished_run, tm
 def test_second_run_on_the_same_out_is_refused_while_the_first_holds_it(tmp_path):
     out = tmp_path / "busy"
     with RunLock(out):
-        one_error_line(fedpers("run", *sets("rounds=1"), "--out", str(out)), "in use by another fedpers run",
+        one_error_line(fedpers("run", *sets("rounds=1"), "--out", str(out)), "in use by a live fedpers run",
                        str(os.getpid()))
     assert not (out / "metrics.jsonl").exists()
+
+
+def test_a_live_run_is_named_instead_of_overwrite_or_resume_which_its_lock_refuses(tmp_path):
+    """A directory that holds rounds of a run still going: the second run is told a live run holds it
+    (with its pid), not to pass --overwrite or resume=true, which the lock would refuse too; once the run has
+    ended, the lock file it left does not count."""
+    out = tmp_path / "live"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"round": 1}\n')
+    with RunLock(out):
+        for extra in ([], ["--overwrite"]):
+            proc = fedpers("run", *sets("rounds=1"), "--out", str(out), *extra)
+            one_error_line(proc, "in use by a live fedpers run", str(os.getpid()), "do not apply to a running run")
+    one_error_line(fedpers("run", *sets("rounds=1"), "--out", str(out)), "already holds a run")
 
 
 def test_sweep_on_a_directory_in_use_is_refused(tmp_path):

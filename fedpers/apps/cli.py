@@ -173,6 +173,12 @@ def preflight(cfg: Config, *, simulation: bool = True) -> None:
         from fedpers.core.results import wandb_module
 
         wandb_module()  # the optional extra is there, before the engine starts
+    from fedpers.core.rundir import live_run_holder
+
+    holder = live_run_holder(cfg.out_dir)
+    if holder is not None:  # --overwrite and resume=true would both be refused by that run's lock
+        raise FedpersError(f"{cfg.out_dir} is in use by a live fedpers run (pid {holder}): wait for it to end or "
+                           "choose another --out (--overwrite and resume=true do not apply to a running run)")
     check_run_dir(cfg)
     fed = federation_for(cfg)
     if cfg.ray_address:

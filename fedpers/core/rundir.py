@@ -57,6 +57,23 @@ def check_out_dir(out_dir: str | os.PathLike, *, overwrite: bool = False, resume
                       "pass --overwrite to replace it, or --set resume=true to continue it")
 
 
+def live_run_holder(out_dir: str | os.PathLike) -> str | None:
+    """The pid a live run holding ``<out_dir>/.fedpers.lock`` wrote there, or None when no run holds it (a
+    lock file a finished or killed run left behind is free: the kernel dropped its ``flock``)."""
+    path = Path(out_dir) / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.read(fd, 32).decode(errors="replace").strip() or "?"
+    finally:
+        os.close(fd)  # also drops the probe's own shared lock
+    return None
+
+
 class RunLock:
     """Exclusive lock on ``<out_dir>/.fedpers.lock`` held while a run writes there (released on exit, also
     when the process dies: the kernel drops an ``flock`` with its last file descriptor)."""
