@@ -220,3 +220,17 @@ def test_experiment_fingerprints_are_unchanged_by_where_keys_are_declared():
     }
     for overrides, fingerprint in recorded.items():
         assert config_fingerprint(build_config(dict(overrides))) == fingerprint, overrides
+
+
+def test_a_yaml_merge_key_is_read_and_the_files_own_keys_win(tmp_path):
+    """`<<:` (YAML's merge key) is valid YAML: its keys come in, the mapping's own override them, and a key
+    the mapping itself gives twice is still refused."""
+    from fedpers.registry.config import load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("<<: {rounds: 3, lr: 0.1, dataset: digits}\nlr: 0.5\n")
+    cfg = load_config(str(path))
+    assert (cfg.rounds, cfg.lr, cfg.dataset) == (3, 0.5, "digits")
+    path.write_text("<<: {rounds: 3}\nlr: 0.5\nlr: 0.6\n")
+    with pytest.raises(ConfigError, match="appears twice"):
+        load_config(str(path))

@@ -439,13 +439,16 @@ class Config(Mapping[str, Value]):
 class _ConfigLoader(yaml.SafeLoader):
     """PyYAML's safe loader with YAML 1.2 booleans: only true/false are booleans, so that choices such as
     ``fedeagd_fusion: off`` or ``jdfl: off`` stay the strings they read as (YAML 1.1 makes on/off/yes/no
-    booleans); a key given twice in one mapping is an error (PyYAML keeps the last one silently), and so are
+    booleans); a key given twice in one mapping is an error (PyYAML keeps the last one silently; a key a
+    merge ``<<: *anchor`` brings is overridden by the mapping's own, as YAML says), and so are
     a list or mapping as a key and an integer of more digits than Python converts (PyYAML would raise a
     TypeError or ValueError, not a YAML error)."""
 
     def construct_mapping(self, node, deep=False):  # noqa: D102
         seen: set = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: the keys the node itself gives win
+                continue
             key = self.construct_object(key_node, deep=deep)
             if isinstance(key, (list, dict)):
                 raise yaml.constructor.ConstructorError(
