@@ -119,3 +119,16 @@ def test_pflib_joined_split_runs_fedavg(digits, tmp_path):
     run_simulation(cfg)
     rec = read_metrics(tmp_path / "run")[0]
     assert set(rec["per_client_acc"]) == {"0", "1", "2"} and rec["global_acc"] is not None
+
+
+def test_a_partition_file_made_for_another_dataset_of_the_same_size_is_refused(digits, tmp_path):
+    """The file records the dataset it was made for; the same sample counts do not make the same images.
+    A name written with its folder or .npz, or with a hyphen, is the same dataset."""
+    arrays = pflib_style_joined(digits, num_clients=3)
+    n_train, n_test = len(digits.y_train), len(digits.y_test)
+    path = write(tmp_path, "p.npz", {**arrays, "dataset": np.array("fmnist.npz")})
+    with pytest.raises(DataError, match="made for dataset 'fmnist.npz', not 'digits'"):
+        load_partition(path, num_train=n_train, num_test=n_test, dataset="digits")
+    for same in ("digits", "../data/digits.npz", "Digits"):
+        assert load_partition(write(tmp_path, "q.npz", {**arrays, "dataset": np.array("digits.npz")}),
+                              num_train=n_train, num_test=n_test, dataset=same).num_clients == 3

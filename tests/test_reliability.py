@@ -530,6 +530,14 @@ def test_a_huge_or_infinite_float_pixel_is_refused_without_warnings(tmp_path, ca
     one_error_line(_run_on(_npz(tmp_path / f"{case}.npz", x, np.arange(200) % 10, x_test), tmp_path / "o"), needle)
 
 
+def test_complex_valued_images_are_refused_in_one_line(tmp_path):
+    rng = np.random.default_rng(0)
+    x = (rng.random((200, 8, 8)) + 1j * rng.random((200, 8, 8))).astype(np.complex64)
+    proc = _run_on(_npz(tmp_path / "cplx.npz", x, np.arange(200) % 10, x[:50]), tmp_path / "o")
+    one_error_line(proc, "cplx: x_train holds complex numbers")
+    assert "Warning" not in proc.stderr
+
+
 def test_standardisation_of_large_float_pixels_is_not_zeros():
     from fedpers.core.data import from_arrays
 

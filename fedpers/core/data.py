@@ -105,6 +105,10 @@ def from_arrays(name: str, x_train, y_train, x_test, y_test, num_classes: int | 
                 d_train=None, d_test=None, domain_names=None) -> Dataset:
     """Validate raw arrays (any image layout) and return a standardised :class:`Dataset`; ``d_train`` /
     ``d_test`` (optional, both or neither) are per-sample integer domain ids."""
+    for split, x in (("x_train", x_train), ("x_test", x_test)):
+        if np.iscomplexobj(np.asarray(x)):  # numpy would drop the imaginary part with a warning
+            raise DataError(f"{name}: {split} holds complex numbers; images are real-valued (take the magnitude "
+                            "or the real part yourself)")
     x_train = _to_nchw(np.asarray(x_train), f"{name} x_train")
     x_test = _to_nchw(np.asarray(x_test), f"{name} x_test")
     if x_train.shape[1:] != x_test.shape[1:]:

@@ -194,7 +194,7 @@ def _federation(dataset: str, data_dir: str, partition: str, partition_file: str
                 val_fraction: float) -> Federation:
     data = load_dataset(dataset, data_dir)
     if partition == "file":
-        split = load_partition(partition_file, num_train=len(data.y_train), num_test=len(data.y_test))
+        split = load_partition(partition_file, num_train=len(data.y_train), num_test=len(data.y_test), dataset=dataset)
         if split.num_clients != num_clients:
             raise DataError(f"num_clients={num_clients} but partition file {partition_file} has "
                             f"{split.num_clients} clients")

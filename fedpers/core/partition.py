@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pathlib import Path
+
 import numpy as np
 
 from fedpers.core.errors import DataError
@@ -192,13 +194,27 @@ def _read_partition_arrays(path):
     return train, test, data, p
 
 
-def load_partition(path, *, num_train: int, num_test: int) -> Partition:
-    """Read and check a partition file against a dataset of ``num_train`` + ``num_test`` samples.
+def _dataset_key(name: str) -> str:
+    """A dataset's name as files and configs write it, reduced so that ``mnist``, ``mnist.npz`` and
+    ``../shared/data/mnist.npz`` (or ``cifar-10`` and ``cifar10``) compare equal."""
+    from pathlib import Path
 
-    Errors (one line each): unknown index space, ``num_samples`` not matching the dataset, indices out of
+    return Path(str(name)).name.removesuffix(".npz").lower().replace("-", "").replace("_", "")
+
+
+def load_partition(path, *, num_train: int, num_test: int, dataset: str | None = None) -> Partition:
+    """Read and check a partition file against a dataset of ``num_train`` + ``num_test`` samples (named
+    ``dataset``, where the file records the dataset it was made for).
+
+    Errors (one line each): a file made for another dataset (even of the same size), unknown index space,
+    ``num_samples`` not matching the dataset, indices out of
     range or not integers, a client with an empty train or test split, a client whose train and test
     overlap (joined space), or an ``aux`` set that overlaps client data."""
     train, test, data, p = _read_partition_arrays(path)
+    made_for = str(data["dataset"]) if "dataset" in data else ""
+    if dataset is not None and made_for and _dataset_key(made_for) != _dataset_key(dataset):
+        raise DataError(f"{p}: made for dataset {made_for!r}, not {Path(str(dataset)).name!r}: a split of "
+                        "another dataset's samples (the same sizes do not make them the same images)")
     space = str(data.get("index_space", np.array("split")))
     if space not in INDEX_SPACES:
         raise DataError(f"{p}: index_space must be 'split' or 'joined', got '{space}'")
