@@ -69,7 +69,9 @@ class FedEAGDStrategy(FedPersStrategy):
             if name == "max_drift":
                 mine[name] = max((v for v, _ in vals), default=None)
             else:
-                mine[name] = sum(v * c for v, c in vals) / n if n else None
+                # fsum: exactly rounded, so the mean does not depend on the order the replies arrived in
+                # (a resumed run gets them in another order than an uninterrupted one)
+                mine[name] = math.fsum(v * c for v, c in vals) / n if n else None
         return super().aggregate_fit(server_round, results, failures)
 
     def finish_round(self, server_round: int, per_client: dict[int, float] | None, extras: dict[str, Any]) -> None:

@@ -543,7 +543,7 @@ def test_a_sweep_finds_its_finished_runs_under_the_new_names_and_moves_the_old_o
     (out / "sweep.json").write_text(json.dumps(old_plan))
     assert read_plan(out)[1][1].run_dir == str(legacy)  # an old plan of runs not moved yet: found there
     report(out)
-    assert "| FedBABU | 70.00±0.00 |" in (out / "table.md").read_text()
+    assert "| FedBABU | 70.00 (n=1) |" in (out / "table.md").read_text()
 
     assert run_sweep(load_sweep(tmp_path / "s.yaml"), out) == []
     printed = capsys.readouterr().out
@@ -552,7 +552,7 @@ def test_a_sweep_finds_its_finished_runs_under_the_new_names_and_moves_the_old_o
     assert not legacy.parent.parent.exists() and (Path(babu.run_dir) / "summary.json").is_file()
     assert read_plan(out)[1][1].run_dir == babu.run_dir
     report(out)
-    assert "| FedBABU | 70.00±0.00 |" in (out / "table.md").read_text()
+    assert "| FedBABU | 70.00 (n=1) |" in (out / "table.md").read_text()
     assert not [p for p in out.rglob("*") if "," in p.name]
 
 

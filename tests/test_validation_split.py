@@ -160,5 +160,5 @@ def test_the_report_chooses_by_validation_accuracy_only(tmp_path):
     lines = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
     assert lines["b"].rstrip().endswith("| **chosen** |")
     assert "chosen" not in lines["a"] and "chosen" not in lines["FedPer"]  # FedPer: alone in its group
-    assert "| 1 | 95.00±0.00 | 95.00±0.00 | 90.00±0.00 | 90.00±0.00 |" in lines["b"]
+    assert "| 1 | 95.00 | 95.00 | 90.00 | 90.00 |" in lines["b"]
     assert lines["ft1"].rstrip().endswith("| **chosen** |") and "chosen" not in lines["ft5"]
