@@ -28,7 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
+
 from fedpers.core.image_folder import channel_statistics
+from repo_images import folders_root  # benchmarks/repo_images.py, beside this script
 
 PUBLISHED_MEAN = (0.50707516, 0.48654887, 0.44091784)
 PUBLISHED_STD = (0.26733429, 0.25643846, 0.27615047)
@@ -62,17 +64,9 @@ def checks(path: Path) -> list[str]:
 
 
 def extract(source: Path, into: Path) -> Path:
-    """The tree to import: ``source`` itself when it holds train/ and test/, else ``source``'s HEAD (a git
-    directory) written into ``into`` with ``git archive``."""
-    if (source / "train").is_dir() and (source / "test").is_dir():
-        return source
-    archive = subprocess.run(["git", "--git-dir", str(source), "archive", "--format=tar", "HEAD", "train", "test"],
-                             capture_output=True, check=False)
-    if archive.returncode != 0:
-        sys.exit(f"build_cifar100: {source} holds no train/ and test/ and is no git directory that does "
-                 f"({archive.stderr.decode(errors='replace').strip()})")
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
-    return into
+    """The tree to import: ``source`` itself when it holds train/ and test/, else those folders of
+    ``source``'s HEAD (a git directory) written into ``into``."""
+    return folders_root(source, ("train", "test"), into, "build_cifar100")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -47,6 +47,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+from repo_images import folders_root  # benchmarks/repo_images.py, beside this script
+
 
 DOMAINS = {"amazon": "amazon", "caltech10": "caltech", "dslr": "dslr", "webcam": "webcam"}  # repo -> ours
 CLASSES = {"backpack": "back_pack", "bike": "bike", "calculator": "calculator", "headphones": "headphones",
@@ -65,16 +67,8 @@ TEST_SHARE = 0.2
 
 def extract(source: Path, into: Path) -> Path:
     """The folder holding ``<domain>/<class>/<file>``: ``source/images`` of a checkout, else ``source``'s HEAD
-    (a git directory) written into ``into`` with ``git archive``."""
-    if (source / "images").is_dir():
-        return source / "images"
-    archive = subprocess.run(["git", "--git-dir", str(source), "archive", "--format=tar", "HEAD", "images"],
-                             capture_output=True, check=False)
-    if archive.returncode != 0:
-        sys.exit(f"build_office_caltech: {source} holds no images/ and is no git directory that does "
-                 f"({archive.stderr.decode(errors='replace').strip()})")
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
-    return into / "images"
+    (a git directory) written into ``into``."""
+    return folders_root(source, ("images",), into, "build_office_caltech") / "images"
 
 
 def split_files(images: Path, seed: int) -> dict[str, dict[tuple[str, str], list[Path]]]:

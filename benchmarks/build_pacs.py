@@ -46,6 +46,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+from repo_images import folders_root  # benchmarks/repo_images.py, beside this script
+
 
 DOMAINS = ("photo", "art_painting", "cartoon", "sketch")  # shared/data/pacs.npz's domain ids
 CLASSES = ("dog", "elephant", "giraffe", "guitar", "horse", "house", "person")
@@ -93,16 +95,8 @@ def split_lists(source: Path) -> dict[str, dict[str, list[str]]]:
 
 def extract_images(source: Path, into: Path) -> Path:
     """The folder holding ``<domain>/<class>/<file>``: ``source/PACS`` of a checkout, else ``source``'s HEAD
-    (a git directory) written into ``into`` with ``git archive``."""
-    if (source / "PACS").is_dir():
-        return source / "PACS"
-    archive = subprocess.run(["git", "--git-dir", str(source), "archive", "--format=tar", "HEAD", "PACS"],
-                             capture_output=True, check=False)
-    if archive.returncode != 0:
-        sys.exit(f"build_pacs: {source} holds no PACS/ and is no git directory that does "
-                 f"({archive.stderr.decode(errors='replace').strip()})")
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
-    return into / "PACS"
+    (a git directory) written into ``into``."""
+    return folders_root(source, ("PACS",), into, "build_pacs") / "PACS"
 
 
 def link_tree(images: Path, lists: dict[str, dict[str, list[str]]], tree: Path) -> None:
