@@ -566,6 +566,11 @@ def test_keys_of_another_method_are_named_in_one_warning(tmp_path):
     assert proc.stderr.splitlines() == ["fedpers: warning: method fedavg ignores jdfl_m (jdfl)"], proc.stderr
     proc = fedpers("config", "--shared", "ditto_lambda=1", "--set", "method=fedavg")  # a sweep's base: no warning
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    # a core key that only some methods read: named with the methods that do
+    proc = fedpers("config", "--set", "method=fedavg", "--set", "mu=0.1")
+    assert proc.stderr.splitlines() == ["fedpers: warning: method fedavg ignores mu (pfedkdh, fedprox)"], proc.stderr
+    for reader in ("fedprox", "pfedkdh"):
+        assert fedpers("config", "--set", f"method={reader}", "--set", "mu=0.1").stderr == ""
 
 
 def test_a_sweeps_base_may_carry_other_methods_keys_but_a_rows_own_set_is_warned_about(tmp_path):

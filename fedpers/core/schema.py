@@ -45,6 +45,10 @@ class Key:
     # default has changed since; None: never changed. The experiment fingerprint compares with it, so that
     # state saved before the change stays tied to the values it was made with (see config_fingerprint).
     first_default: Value | None = None
+    # The methods that read this key, where it is a core key only some methods read (``mu``: pFedKDH and
+    # FedProx); empty: every run reads it. A run of another method that sets it is warned, as for another
+    # method's own key.
+    read_by: tuple[str, ...] = ()
 
 
 def positive(v: float) -> str | None:
@@ -211,7 +215,8 @@ CORE_KEYS: tuple[Key, ...] = (
     Key("fault", str, "nan", "what faulty_clients send: nan (NaN arrays) | noise (update + N(0, 10^2))",
         one_of("nan", "noise")),
     # --- a local objective term shared by methods -------------------------------------
-    Key("mu", float, 0.01, "proximal weight mu of pFedKDH Eq. 2 and FedProx (ours)", non_negative),
+    Key("mu", float, 0.01, "proximal weight mu of pFedKDH Eq. 2 and FedProx (ours)", non_negative,
+        read_by=("pfedkdh", "fedprox")),
     # --- deployment: client state on disk, server checkpoint/resume, round timeout (fedpers/apps/deploy.py) ----
     Key("client_state_dir", str, "",
         "deployment: each client also writes its persistent state (heads, teachers, ...) atomically to "
@@ -280,7 +285,8 @@ class Schema:
         if self.owners_read is None:
             return frozenset()
         read = self.owners_read(values)
-        return frozenset(name for name, owner in self.owner_of.items() if owner not in read)
+        return frozenset(name for name, owner in self.owner_of.items() if owner not in read) | frozenset(
+            key.name for key in self.keys if key.read_by and values.get("method") not in key.read_by)
 
     def suggest(self, name: str) -> str:
         """`` (did you mean 'x'?)`` for the closest key name, or ''."""

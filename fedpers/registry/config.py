@@ -107,7 +107,8 @@ def ignored_key_names(cfg: Config, given: Iterable[str]) -> list[str]:
 def ignored_keys(cfg: Config, given: Iterable[str]) -> list[str]:
     """:func:`ignored_key_names` of ``given`` (keys a user set), each as ``"key (owner)"``."""
     schema = full_schema()
-    return [f"{name} ({schema.owner_of[name]})" for name in ignored_key_names(cfg, given)]
+    return [f"{name} ({', '.join(schema.by_name[name].read_by) or schema.owner_of[name]})"
+            for name in ignored_key_names(cfg, given)]
 
 
 def load_config(path: str | Path | None = None, sets: list[str] | None = None, *,
