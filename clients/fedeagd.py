@@ -54,10 +54,12 @@ class FedEAGDClient(FedPersClient):
 
     def reset_statistics(self) -> None:
         """Start a round's record of every distilled sample's drift and coefficient and the loss terms."""
+        # kept on the training device and read once per round: reading them per batch would wait for the
+        # device at every step
         self._drifts: list[torch.Tensor] = []
         self._coefs: list[torch.Tensor] = []
-        self._ce_total = 0.0
-        self._kd_total = 0.0
+        self._ce_total: torch.Tensor | float = 0.0  # float64 sums of each batch's mean term times its size
+        self._kd_total: torch.Tensor | float = 0.0
 
     def initialise_model(self) -> None:
         """``fedeagd_residual_init: default``: the residual's output layer at PyTorch's seeded init."""
@@ -107,10 +109,10 @@ class FedEAGDClient(FedPersClient):
             z_matched, t, adaptive=self.cfg.fedeagd_kd_weighting == "adaptive", base=self.cfg.fedeagd_kd_base,
             upper=self.cfg.fedeagd_kd_max, fixed=self.cfg.fedeagd_kd_fixed)
         kd = historical_distillation(z, t, coef, self.cfg.fedeagd_kd_form)
-        self._drifts.append(drift.detach().cpu())
-        self._coefs.append(coef.detach().cpu())
-        self._ce_total += float(loss.detach()) * len(y)
-        self._kd_total += float(kd.detach()) * len(y)
+        self._drifts.append(drift.detach())
+        self._coefs.append(coef.detach())
+        self._ce_total = self._ce_total + loss.detach().double() * len(y)
+        self._kd_total = self._kd_total + kd.detach().double() * len(y)
         return loss + kd
 
     # --- Flower NumPyClient interface -------------------------------------------------------------
@@ -129,8 +131,8 @@ class FedEAGDClient(FedPersClient):
         if self._coefs:
             # the fixed-coefficient ablation has no clip: no sample is "at the bound" there
             bound = self.cfg.fedeagd_kd_max if self.cfg.fedeagd_kd_weighting == "adaptive" else float("inf")
-            stats = mechanism_statistics(torch.cat(self._drifts), torch.cat(self._coefs), bound,
-                                         self._ce_total, self._kd_total)
+            stats = mechanism_statistics(torch.cat(self._drifts).cpu(), torch.cat(self._coefs).cpu(), bound,
+                                         float(self._ce_total), float(self._kd_total))
             metrics.update({name: stats[name] for name in FIT_STATISTICS})
         self.reset_statistics()
         return uploaded, n, metrics

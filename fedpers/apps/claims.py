@@ -488,7 +488,7 @@ def _reading_line(r: dict[str, Any]) -> str:
     parts = [f"{c['a']} − {c['b']} {c['diff']:+.2f} ({_span(c)})" for c in r.get("comparisons", []) if "diff" in c]
     parts += [f"{label} {_ours(cell)}" + (f" ({cell['low']:.2f} to {cell['high']:.2f})" if cell.get("low") is not None else "")
               for label, cell in r["cells"].items() if r["form"] == "within" and cell["n"]]
-    return f"- {r['value']}: **{_verdict_words(r)}**" + (f"; {'; '.join(parts)}" if parts else "")
+    return f"- {r['value']}: **{verdict_words(r)}**" + (f"; {'; '.join(parts)}" if parts else "")
 
 
 def claims_markdown(results: list[dict[str, Any]], study: str) -> str:
@@ -508,8 +508,8 @@ def claims_markdown(results: list[dict[str, Any]], study: str) -> str:
              "and the mean of the last 5 evaluated rounds.", "",
              "| claim | reading | sign | paper's size | n (seeds) | other readings |", "|---|---|---|---|---|---|"]
     for r in results:
-        others = "; ".join(f"{o['value']}: {_verdict_words(o)}" for o in r.get("other_readings", []))
-        lines.append(f"| [{r['id']}](#{r['id']}) | {r['value']} | {_verdict_words(r)} | {r.get('size') or '–'} | "
+        others = "; ".join(f"{o['value']}: {verdict_words(o)}" for o in r.get("other_readings", []))
+        lines.append(f"| [{r['id']}](#{r['id']}) | {r['value']} | {verdict_words(r)} | {r.get('size') or '–'} | "
                      f"{r['n']} | {others or '–'} |")
     for r in results:
         lines += ["", f"## {r['id']}", ""]
@@ -539,14 +539,16 @@ def claims_markdown(results: list[dict[str, Any]], study: str) -> str:
                           "in `table.md`."]
         for c in r.get("comparisons", []) if r["verdict"] != "not run" else []:
             lines += [""] + _comparison_lines(c)
-        lines += ["", f"**Verdict ({r['value']}): {_verdict_words(r)}**" + (f" ({r['why']})" if r.get("why") else "")
+        lines += ["", f"**Verdict ({r['value']}): {verdict_words(r)}**" + (f" ({r['why']})" if r.get("why") else "")
                   + (f"; the paper's size: {r['size']}" if r.get("size") else "")]
         if r.get("other_readings"):
             lines += ["", "Other readings:"] + [_reading_line(o) for o in r["other_readings"]]
     return "\n".join(lines) + "\n"
 
 
-def _verdict_words(r: dict[str, Any]) -> str:
+def verdict_words(r: dict[str, Any]) -> str:
+    """A judged claim's verdict as claims.md and the results pages print it: the sign, and "one seed" /
+    "two seeds" where fewer than three seeds decide it."""
     return r["verdict"] + (f", {r['seed_note']}" if r.get("seed_note") and r["verdict"] != "not run" else "")
 
 

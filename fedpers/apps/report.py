@@ -100,13 +100,15 @@ def _columns(sweep: Sweep) -> list[tuple[str, float]]:
     return [(d, a) for d in sweep.datasets for a in sweep.alphas]
 
 
-def mean_sd_text(values: list[float]) -> str:
-    """A cell of a table: ``mean ± sample SD (n=k)`` (ddof 1), or ``value (n=1)`` where one seed gives no SD."""
+def mean_sd_text(values: list[float], *, with_n: bool = True) -> str:
+    """A cell of a table: ``mean ± sample SD (n=k)`` (ddof 1), or ``value (n=1)`` where one seed gives no SD;
+    ``with_n=False`` for a table whose n has a column of its own."""
     if not values:
         return "–"
+    n = f" (n={len(values)})" if with_n else ""
     if len(values) == 1:
-        return f"{values[0]:.2f} (n=1)"
-    return f"{np.mean(values):.2f}±{np.std(values, ddof=1):.2f} (n={len(values)})"
+        return f"{values[0]:.2f}{n}"
+    return f"{np.mean(values):.2f}±{np.std(values, ddof=1):.2f}{n}"
 
 
 def write_tables(sweep: Sweep, cells: dict, out: Path, *, value: str = "final",
@@ -508,7 +510,7 @@ def write_validation(sweep: Sweep, runs: list[PlannedRun], out: Path) -> Path:
     testf = collect(sweep, runs, value="final")
 
     def text(vals: list[float]) -> str:
-        return mean_sd_text(vals).replace(f" (n={len(vals)})", "")  # the row's n has its own column
+        return mean_sd_text(vals, with_n=False)  # the row's n has its own column
 
     lines = ["# Validation and test accuracy", "",
              "Accuracy in %, mean ± sample SD (ddof 1) over the finished seeds (n). 'val': the clients' validation splits "

@@ -28,6 +28,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from fedpers.apps.claims import verdict_words
 from fedpers.core.errors import ConfigError
 
 PAGES = ("README.md", "benchmarks/README.md")
@@ -84,10 +85,6 @@ def _gpu_note(r: dict[str, Any]) -> str:
     return f"; GPU: {'; '.join(used)}" if used else ""
 
 
-def _verdict(r: dict[str, Any]) -> str:
-    return r["verdict"] + (f", {r['seed_note']}" if r.get("seed_note") and r["verdict"] != "not run" else "")
-
-
 def claims_rows(root: Path, page: Path, args: str) -> list[str]:
     """The lines of a ``claims`` block: a table with one row per claim of the named studies."""
     lines = ["| study | claim | reading | paper | ours (95 %) | sign | paper's size | n | other readings |",
@@ -101,9 +98,9 @@ def claims_rows(root: Path, page: Path, args: str) -> list[str]:
         for r in results:
             if keep is not None and r["id"] not in keep:
                 continue
-            others = "; ".join(f"{o['value']}: {_verdict(o)}" for o in r.get("other_readings", [])) or "–"
+            others = "; ".join(f"{o['value']}: {verdict_words(o)}" for o in r.get("other_readings", [])) or "–"
             lines.append(f"| {Path(study).name} | [{r['id']}]({_link(root, page, study, r['id'])}) | {r['value']} | "
-                         f"{_paper_text(r)} | {_ours_text(r)}{_gpu_note(r)} | {_verdict(r)} | {r.get('size') or '–'} | {r['n']} | "
+                         f"{_paper_text(r)} | {_ours_text(r)}{_gpu_note(r)} | {verdict_words(r)} | {r.get('size') or '–'} | {r['n']} | "
                          f"{others} |")
     return lines
 

@@ -231,7 +231,7 @@ def _keys(raw: Any, where: str, path: Path) -> dict[str, Any]:
 
 
 SWEEP_ENTRIES = {"base", "methods", "datasets", "alphas", "seeds", "ablation", "paper", "claims", "report"}
-REPORT_ENTRIES = {"value": ("final", "best", "last5")}
+METHOD_ENTRIES = {"label", "method", "set", "metric", "group", "seeds"}
 
 
 def _report_options(raw: Any, labels: list[str], p: Path) -> dict[str, Any]:
@@ -244,9 +244,11 @@ def _report_options(raw: Any, labels: list[str], p: Path) -> dict[str, Any]:
     unknown = set(map(str, raw)) - {"value", "versus", "metric"}
     if unknown:
         raise ConfigError(f"sweep {p}: report: unknown entries {shown(sorted(unknown))} (value, versus, metric)")
+    from fedpers.apps.claims import CLAIM_VALUES
+
     out: dict[str, Any] = {}
     if "value" in raw:
-        if raw["value"] not in REPORT_ENTRIES["value"]:
+        if raw["value"] not in CLAIM_VALUES:
             raise ConfigError(f"sweep {p}: report: 'value' must be one of final, best, last5, got {shown(raw['value'])}")
         out["value"] = raw["value"]
     if "versus" in raw:
@@ -260,7 +262,6 @@ def _report_options(raw: Any, labels: list[str], p: Path) -> dict[str, Any]:
             raise ConfigError(f"sweep {p}: report: 'metric' must be a metric name, got {shown(raw['metric'])}")
         out["metric"] = raw["metric"]
     return out
-METHOD_ENTRIES = {"label", "method", "set", "metric", "group", "seeds"}
 
 
 def _claim_rows(claim: dict) -> list[str]:

@@ -19,7 +19,6 @@ How a split is made (deterministic in ``seed``):
 from __future__ import annotations
 
 from dataclasses import dataclass
-
 from pathlib import Path
 
 import numpy as np
@@ -197,8 +196,6 @@ def _read_partition_arrays(path):
 def _dataset_key(name: str) -> str:
     """A dataset's name as files and configs write it, reduced so that ``mnist``, ``mnist.npz`` and
     ``../shared/data/mnist.npz`` (or ``cifar-10`` and ``cifar10``) compare equal."""
-    from pathlib import Path
-
     return Path(str(name)).name.removesuffix(".npz").lower().replace("-", "").replace("_", "")
 
 
