@@ -104,7 +104,7 @@ def run_discovery(cfg) -> dict:
     for pid in range(cfg.num_clients):
         context = Context(run_id=0, node_id=pid + 1, state=RecordDict(), run_config=run_config,
                           node_config={"partition-id": pid, "num-partitions": cfg.num_clients})
-        manager.register(InProcessClientProxy(str(pid + 1), lambda c=context: client_for_message(cfg, c)))
+        manager.register(InProcessClientProxy(str(pid + 1), lambda _config, c=context: client_for_message(cfg, c)))
     server = round_loop(strategy, client_manager=manager)
     server.set_max_workers(1)
     sjdfl.discover_domains = recording

@@ -336,7 +336,7 @@ class FedPersStrategy(ContractSide, Strategy):
             return []
         proxies = self.roster.proxies(client_manager, server_round, self.book.current)
         if sample is not None:
-            proxies = {pid: proxy for pid, proxy in proxies.items() if pid in sample}
+            proxies = {pid: proxies[pid] for pid in sorted(sample) if pid in proxies}
         deferred = set(self.roster.fit_sample(server_round + 1, proxies)) if self._carries(server_round) else set()
         self.book.current["evaluations"] = []
         self.book.current["deferred"] = sorted(deferred)

@@ -20,7 +20,8 @@ from logging import INFO, WARNING
 from typing import Any, Callable, TypedDict
 
 import numpy as np
-from flwr.common import GetPropertiesIns, log
+from flwr.common import (DisconnectRes, EvaluateIns, EvaluateRes, FitIns, FitRes, GetParametersIns, GetParametersRes,
+                         GetPropertiesIns, GetPropertiesRes, ReconnectIns, log)
 from flwr.server import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
@@ -29,9 +30,9 @@ from fedpers.core.federation import Federation
 from fedpers.core.progress import format_round_line
 from fedpers.core.results import (ACCURACY_PREFIXES, VALIDATION_PREFIX, ResultsWriter, accuracy_summary,
                                   machine_environment)
-from fedpers.core.schema import Config, clients_per_round
+from fedpers.core.schema import Config, clients_per_round, pool_size, pooled
 from fedpers.core.seeds import EVALUATION_SAMPLE, derived_seed
-from fedpers.core.wire import carried_evaluation_of
+from fedpers.core.wire import PARTITION_ID, carried_evaluation_of, for_partition
 from strategies.refusals import note_refusal
 
 PERSONAL_ACC_PREFIX = "acc_"  # extra client metrics "acc_<name>" become "personalized_macro_acc_<name>"
@@ -62,6 +63,91 @@ class RoundState(TypedDict, total=False):
     method: dict  # a method's own per-round values by its own names, for its own use (FedEAGD's fit sizes)
 
 
+class PartitionProxy(ClientProxy):
+    """Client ``partition_id`` of a pooled run (``client_layout=pool``): every message goes to one node of
+    the pool (``node``) and names the partition it is for (:func:`fedpers.core.wire.for_partition`); a
+    reply must name the same partition (the client's ``partition_id`` metric), else it is a failure of
+    this client, not an update of another one."""
+
+    def __init__(self, node: ClientProxy, partition_id: int):
+        super().__init__(pool_client_id(partition_id))
+        self.node = node
+        self.partition_id = int(partition_id)
+
+    def _checked(self, metrics: dict[str, Any], what: str) -> None:
+        answered = metrics.get(PARTITION_ID)
+        if answered is None or int(answered) != self.partition_id:
+            raise FedpersError(f"client {self.partition_id}: the {what} reply of pool node {self.node.cid} is "
+                               f"for partition {answered}")
+
+    def get_properties(self, ins: GetPropertiesIns, timeout, group_id) -> GetPropertiesRes:
+        """The client's properties (its partition id), from a node of the pool."""
+        res = self.node.get_properties(GetPropertiesIns(for_partition(ins.config, self.partition_id)), timeout, group_id)
+        self._checked(dict(res.properties), "properties")
+        return res
+
+    def get_parameters(self, ins: GetParametersIns, timeout, group_id) -> GetParametersRes:
+        """The client's parameters, from a node of the pool."""
+        return self.node.get_parameters(GetParametersIns(for_partition(ins.config, self.partition_id)), timeout,
+                                        group_id)
+
+    def fit(self, ins: FitIns, timeout, group_id) -> FitRes:
+        """One local training round of this client, run by a node of the pool."""
+        res = self.node.fit(FitIns(ins.parameters, for_partition(ins.config, self.partition_id)), timeout, group_id)
+        self._checked(dict(res.metrics), "fit")
+        return res
+
+    def evaluate(self, ins: EvaluateIns, timeout, group_id) -> EvaluateRes:
+        """This client's personalized evaluation, run by a node of the pool."""
+        res = self.node.evaluate(EvaluateIns(ins.parameters, for_partition(ins.config, self.partition_id)), timeout,
+                                 group_id)
+        self._checked(dict(res.metrics), "evaluate")
+        return res
+
+    def reconnect(self, ins: ReconnectIns, timeout, group_id) -> DisconnectRes:
+        """A pooled client holds no connection of its own: its node stays."""
+        return DisconnectRes(reason="pooled client")
+
+
+def pool_client_id(partition_id: int) -> str:
+    """The client id of partition ``partition_id`` in a pooled run (not a Flower node id: several clients
+    share a node)."""
+    return f"partition-{int(partition_id)}"
+
+
+class PooledClients(dict):
+    """partition id -> :class:`PartitionProxy` of a pooled run, each made when first asked for: a run of
+    100,000 clients makes proxies only for the clients it samples. Partition ``p`` is served by node
+    ``p mod P`` of the ``P`` pool nodes (by node id), so the clients of a round spread over the pool."""
+
+    def __init__(self, nodes: list[ClientProxy], num_clients: int, partition_of: dict[str, int]):
+        super().__init__()
+        self.nodes, self.num_clients, self.partition_of = nodes, num_clients, partition_of
+
+    def __missing__(self, pid: int) -> PartitionProxy:
+        if not isinstance(pid, (int, np.integer)) or not 0 <= pid < self.num_clients:
+            raise KeyError(pid)
+        proxy = PartitionProxy(self.nodes[int(pid) % len(self.nodes)], int(pid))
+        self[int(pid)] = proxy
+        self.partition_of[proxy.cid] = int(pid)
+        return proxy
+
+    def __contains__(self, pid: object) -> bool:
+        return isinstance(pid, (int, np.integer)) and 0 <= int(pid) < self.num_clients
+
+    def __len__(self) -> int:
+        return self.num_clients
+
+    def __iter__(self):
+        return iter(range(self.num_clients))
+
+    def keys(self):  # noqa: D102 - every partition, made on demand
+        return range(self.num_clients)
+
+    def items(self):  # noqa: D102 - every partition's proxy (made now: JDFL's discovery asks every client)
+        return ((pid, self[pid]) for pid in range(self.num_clients))
+
+
 class ClientRoster:
     """The run's clients as the server sees them: Flower node id -> partition id, and the seeded draws of
     which partitions train and which are evaluated in a round."""
@@ -69,17 +155,22 @@ class ClientRoster:
     def __init__(self, cfg: Config, federation: Federation):
         self.cfg = cfg
         self.federation = federation
-        self.partition_of: dict[str, int] = {}  # Flower node id -> partition id
+        self.partition_of: dict[str, int] = {}  # Flower node id (pooled: pool_client_id) -> partition id
+        self._pooled: PooledClients | None = None
 
     def proxies(self, client_manager: ClientManager, server_round: int,
                 round_state: dict[str, Any] | None = None) -> dict[int, ClientProxy]:
         """Map partition id -> ClientProxy, asking each newly seen node its partition id once (in parallel).
+        A pooled run (``client_layout=pool``) asks nothing: every client is a :class:`PartitionProxy` on a
+        node of the pool, made when first used (:class:`PooledClients`).
 
         Waits for all ``num_clients`` nodes before the first round only. Later rounds use the nodes that
         are connected: a lost node's partition is skipped (deployment), a node that (re)joins is asked. A
         node that refuses the run (it does not fit it) is noted in ``round_state``
         (:func:`strategies.refusals.note_refusal`) and asked again next time.
         """
+        if pooled(self.cfg):
+            return self._pool(client_manager)
         if not self.partition_of:
             client_manager.wait_for(self.federation.num_clients)
         nodes = client_manager.all()
@@ -105,6 +196,15 @@ class ClientRoster:
             if cid in self.partition_of:
                 proxies[self.partition_of[cid]] = proxy  # a rejoined node (registered later) wins
         return proxies
+
+    def _pool(self, client_manager: ClientManager) -> PooledClients:
+        """The pooled run's clients: its nodes (every node the engine started, waited for once) in node-id
+        order, so that which node serves which partition is the same in every run."""
+        if self._pooled is None:
+            client_manager.wait_for(pool_size(self.cfg))
+            nodes = [proxy for _, proxy in sorted(client_manager.all().items())]
+            self._pooled = PooledClients(nodes, self.federation.num_clients, self.partition_of)
+        return self._pooled
 
     def fit_sample(self, server_round: int, proxies: dict[int, ClientProxy]) -> list[int]:
         """The partition ids that train in ``server_round``: ``round(fraction_fit * K)`` drawn with an RNG

@@ -238,7 +238,9 @@ def check_memory(cfg: Config, fed) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run one experiment and print where its results are."""
-    cfg = resolve(args)
+    from fedpers.core.schema import simulated_layout
+
+    cfg = simulated_layout(resolve(args))  # the memory estimate and the run record see the layout that runs
     in_process = args.engine == "inprocess"
     if in_process and cfg.ray_address:
         raise FedpersError(f"config key 'ray_address' names a Ray cluster ({cfg.ray_address}), but --engine "

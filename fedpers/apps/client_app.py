@@ -21,14 +21,17 @@ import os
 import time
 
 import torch
-from flwr.app import Context, Message
+from flwr.app import Context, Message, RecordDict
 from flwr.client import ClientApp
 
 from clients.base import partition_id_of
 from fedpers.registry.config import Config, from_run_config
 from fedpers.core.federation import use_client_slice
 from fedpers.registry.methods import client_for_message
+from fedpers.core.errors import NodeMismatchError
+from fedpers.core.schema import pooled
 from fedpers.core.state_store import state_dir_of
+from fedpers.core.wire import partition_of_message
 
 TIMING_ENV = "FEDPERS_MESSAGE_TIMING"
 _client_built_at: list[float] = []  # one slot: set by client_fn, read by the timing mod of the same message
@@ -85,6 +88,38 @@ def message_timing(msg: Message, context: Context, call_next) -> Message:
     return reply
 
 
+def message_config(msg: Message) -> dict:
+    """The config entries the server sent with ``msg`` (the ``<ins>.config`` record of Flower's legacy
+    messages: fit, evaluate, get_properties, get_parameters)."""
+    for name, record in msg.content.config_records.items():
+        if name.endswith("ins.config"):
+            return dict(record)
+    return {}
+
+
+def pooled_partition(msg: Message, context: Context, call_next) -> Message:
+    """ClientApp mod: on a node of a pooled run (``client_layout=pool``), serve the partition the message
+    names, as a node of its own would: a Context whose node config holds that ``partition-id`` and whose
+    state is empty (a pooled client's state is on disk, found by its partition id, because its next
+    message may go to another node). A message that names no partition on a pooled node, or names one on a
+    node of its own, is refused (NodeMismatchError)."""
+    cfg = config_of(context)
+    pid = partition_of_message(message_config(msg))
+    if not pooled(cfg):
+        if pid is not None:
+            raise NodeMismatchError(f"the message names partition {pid}, but this run gives each client a node of "
+                                    "its own (client_layout is not pool)")
+        return call_next(msg, context)
+    if pid is None:
+        raise NodeMismatchError("a node of a pooled run (client_layout=pool) got a message that names no partition")
+    if not 0 <= pid < cfg.num_clients:
+        raise NodeMismatchError(f"the message names partition {pid}, outside 0..{cfg.num_clients - 1}")
+    client_context = Context(run_id=context.run_id, node_id=context.node_id,
+                             node_config={**context.node_config, "partition-id": pid, "num-partitions": cfg.num_clients},
+                             state=RecordDict(), run_config=context.run_config)
+    return call_next(msg, client_context)
+
+
 def own_samples_only(msg: Message, context: Context, call_next) -> Message:
     """ClientApp mod: while this message is handled, the client's data comes from its saved slice."""
     pid = context.node_config.get("partition-id")
@@ -98,4 +133,4 @@ def own_samples_only(msg: Message, context: Context, call_next) -> Message:
         return call_next(msg, context)
 
 
-client_app = ClientApp(client_fn=client_fn, mods=[message_timing, own_samples_only])
+client_app = ClientApp(client_fn=client_fn, mods=[message_timing, pooled_partition, own_samples_only])

@@ -688,9 +688,15 @@ def restart_node(out: str | os.PathLike, i: int) -> dict:
 
 
 def deploy_config(cfg, out: Path, resume: bool):
-    """``cfg`` with absolute paths and, unless set, client state and checkpoint under ``out``."""
+    """``cfg`` with absolute paths and, unless set, client state and checkpoint under ``out``; a pooled
+    layout is refused (each SuperNode of a deployment is one client, named by its node config)."""
     import shutil
 
+    from fedpers.core.errors import ConfigError
+
+    if cfg.client_layout == "pool":
+        raise ConfigError("config key 'client_layout': pool is a simulation layout; a deployment runs one client "
+                          "per SuperNode (use nodes or auto)")
     changes: dict[str, object] = {"out_dir": str(out)}
     for key in ("dataset", "data_dir", "partition_file"):
         value = str(cfg[key])

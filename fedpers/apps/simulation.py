@@ -10,6 +10,7 @@ simulated SuperNodes through a generated app directory whose ``pyproject.toml`` 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import tomli_w
 
+from fedpers.core.schema import pool_size, pooled, simulated_layout
 from fedpers.registry.config import Config
 
 CLIENT_APP_ATTR = "fedpers.apps.client_app:client_app"
@@ -63,22 +65,29 @@ def write_app_dir(cfg: Config, directory: Path, *, code: bool = False) -> Path:
 
 
 def run_simulation(cfg: Config, verbose: bool = False) -> None:
-    """Run ``cfg`` with ``num_clients`` simulated SuperNodes; results land in ``cfg.out_dir``.
-    With ``client_state_spill`` and no ``client_state_dir``, client state lives in a new directory
-    ``<out_dir>/client_state-XXXXXXXX`` made for this run (never one that existed before), removed when
-    the run ends."""
-    spill_dir = None
-    if cfg.client_state_spill and not cfg.client_state_dir:
-        # a directory of this run's own, created here: no earlier state is loaded and nothing the user
-        # had is removed
-        Path(cfg.out_dir).mkdir(parents=True, exist_ok=True)
-        spill_dir = Path(tempfile.mkdtemp(prefix="client_state-", dir=cfg.out_dir))
-        cfg = cfg.replace(client_state_dir=str(spill_dir))
-    try:
+    """Run ``cfg`` with ``num_clients`` simulated SuperNodes, or with a pool of them (``client_layout``,
+    :func:`fedpers.core.schema.simulated_layout`); results land in ``cfg.out_dir``. Client state spilled
+    to disk without a ``client_state_dir`` lives in a directory of the run's own
+    (:func:`run_state_dir`)."""
+    with run_state_dir(simulated_layout(cfg)) as cfg:
         _run_in_engine(cfg, verbose)
+
+
+@contextlib.contextmanager
+def run_state_dir(cfg: Config):
+    """``cfg``, with a new directory ``<out_dir>/client_state-XXXXXXXX`` made for this run as its
+    ``client_state_dir`` when ``client_state_spill`` asks for one and none is given (never one that existed
+    before: no earlier state is loaded and nothing the user had is removed), removed when the run ends.
+    Both engines run in it."""
+    if not cfg.client_state_spill or cfg.client_state_dir:
+        yield cfg
+        return
+    Path(cfg.out_dir).mkdir(parents=True, exist_ok=True)
+    spill_dir = Path(tempfile.mkdtemp(prefix="client_state-", dir=cfg.out_dir))
+    try:
+        yield cfg.replace(client_state_dir=str(spill_dir))
     finally:
-        if spill_dir is not None:
-            shutil.rmtree(spill_dir, ignore_errors=True)
+        shutil.rmtree(spill_dir, ignore_errors=True)
 
 
 class _NoTracebacks(logging.Filter):
@@ -139,6 +148,7 @@ def _run_in_engine(cfg: Config, verbose: bool) -> None:
     with tempfile.TemporaryDirectory(prefix="fedpers-app-") as tmp:
         app_dir = write_app_dir(cfg, Path(tmp))
         context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config=cfg.changed())
-        run_simulation_engine(num_supernodes=cfg.num_clients, client_app_attr=CLIENT_APP_ATTR, server_app=server_app,
+        nodes = pool_size(cfg) if pooled(cfg) else cfg.num_clients
+        run_simulation_engine(num_supernodes=nodes, client_app_attr=CLIENT_APP_ATTR, server_app=server_app,
                               backend_config=backend, server_app_context=context, app_dir=str(app_dir),
                               verbose=verbose)

@@ -227,6 +227,14 @@ CORE_KEYS: tuple[Key, ...] = (
         "instead of in memory: memory no longer grows with the number of clients, at one file read and "
         "write per sampled client per round (fedpers run without client_state_dir uses a fresh "
         "<out_dir>/client_state-XXXXXXXX made for the run, removed when it ends; ours)"),
+    Key("client_layout", str, "auto",
+        "simulation: nodes = one SuperNode per client (Flower's own node model; client state in memory or "
+        "on disk) | pool = a fixed pool of pool_nodes SuperNodes serves every client, each message naming "
+        "the partition it is for (no message per client before round 1; client state on disk, in "
+        "client_state_dir) | auto = pool above 1,000 clients, else nodes. Deployments always "
+        "run one client per SuperNode (ours)", one_of("auto", "nodes", "pool")),
+    Key("pool_nodes", int, 0,
+        "client_layout=pool: SuperNodes in the pool; 0 = the clients sampled per round (ours)", non_negative),
     Key("checkpoint_dir", str, "",
         "server checkpoint (global model, round, history) written atomically after every round; '' = none"),
     Key("resume", bool, False,
@@ -565,6 +573,37 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         if isinstance(value, (list, dict)):
             raise ConfigError(f"config key {shown(str(name))} in {p}: expected a scalar, got {type(value).__name__}")
     return data
+
+
+# client_layout=auto pools the clients of a simulation above this many: at 1,000 clients one SuperNode
+# per client costs 35 s of start-up (one partition-id message per node), at 10,000 about 420 s and half a
+# core of Flower's message polling (benchmarks/results/scale/); below it the node model costs little.
+POOL_ABOVE_CLIENTS = 1000
+
+
+def pooled(cfg: "Config") -> bool:
+    """Whether the run's clients are served by a pool of nodes: ``client_layout`` as a simulation engine
+    resolved it (:func:`simulated_layout`). A deployment never resolves ``auto``: there it means one client
+    per SuperNode."""
+    return str(cfg.client_layout) == "pool"
+
+
+def pool_size(cfg: "Config") -> int:
+    """SuperNodes of a pooled simulation: ``pool_nodes``, or the clients sampled per round; never more
+    than there are clients."""
+    wanted = int(cfg.pool_nodes) or clients_per_round(float(cfg.fraction_fit), int(cfg.num_clients))
+    return max(1, min(wanted, int(cfg.num_clients)))
+
+
+def simulated_layout(cfg: "Config") -> "Config":
+    """``cfg`` as a simulation engine runs it: ``client_layout`` ``pool``, or ``auto`` above
+    :data:`POOL_ABOVE_CLIENTS` clients, becomes ``pool`` with the client state on disk
+    (``client_state_spill``: a partition may be served by another node, and so by another process, each
+    time it is sampled)."""
+    layout = str(cfg.client_layout)
+    if layout == "pool" or (layout == "auto" and int(cfg.num_clients) > POOL_ABOVE_CLIENTS):
+        return cfg.replace(client_layout="pool", client_state_spill=True)
+    return cfg  # nodes, or auto below the threshold: one node per client (as `flwr run` runs it too)
 
 
 def clients_per_round(fraction_fit: float, num_clients: int) -> int:

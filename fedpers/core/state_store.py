@@ -40,6 +40,7 @@ MECHANICS_KEYS = frozenset({
     "out_dir", "rounds", "eval_every", "device", "client_cpus", "client_gpus",
     "client_state_dir", "client_state_spill", "checkpoint_dir", "resume", "overwrite", "round_timeout",
     "tensorboard", "wandb", "wandb_project", "reply_poll_interval", "evaluate_with_next_fit",
+    "client_layout", "pool_nodes",
 })
 
 

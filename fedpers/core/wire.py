@@ -21,6 +21,25 @@ def server_round_of(config: Mapping[str, Any]) -> int:
     return int(config.get(SERVER_ROUND, 0))
 
 
+# --- the partition a message is for (client_layout=pool) ---------------------------------------------
+# In a pooled simulation a few nodes serve every client: each fit/evaluate message names the partition it
+# is for, and the node builds that client for that message alone. The reply names its partition too
+# (the client's ``partition_id`` metric), and the server checks the two agree.
+PARTITION_ID = "partition_id"
+
+
+def for_partition(config: Mapping[str, Any], partition_id: int) -> dict[str, Any]:
+    """A message's ``config`` that names the partition (client) a pooled node is to serve with it."""
+    return {**config, PARTITION_ID: int(partition_id)}
+
+
+def partition_of_message(config: Mapping[str, Any]) -> int | None:
+    """The partition a message names (:func:`for_partition`); None for a message of a node that holds one
+    partition of its own (its node config's ``partition-id``)."""
+    value = config.get(PARTITION_ID)
+    return None if value is None else int(value)
+
+
 VALIDATION_PREFIX = "val_"  # in an evaluate reply's metrics: the same metric on the client's validation split
 
 
