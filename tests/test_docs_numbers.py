@@ -1,7 +1,15 @@
 """Numbers in prose come from generated files: every decimal number inside a ``<!-- numbers from: DIR, ... -->``
 block of README.md and benchmarks/README.md appears in the generated ``.md`` / ``.json`` files of the named
 results directories (``table.md``, ``claims.md``, ``versus.md``, ``validation.md``, ``sweep.json``, ...;
-not the per-run files). Integers (rounds, client counts) are not checked: they are settings or counts."""
+not the per-run files). Integers (rounds, client counts) are not checked: they are settings or counts.
+
+A value with its spread (``87.45±1.01``, ``-0.22 ± 0.09``) is checked as a pair: the two numbers stand
+together in a generated file (written ``a±b`` / ``a ± b``, or as adjacent table cells ``| a | b |``), so a
+spread copied from another cell is caught even where both numbers occur somewhere. The sign of the value is
+not compared (a difference may be quoted from the other side).
+
+Runs on a GPU are named where they are used: a study with a run whose ``summary.json`` records
+``device: cuda`` has a numbers block in benchmarks/README.md that says GPU, and README.md names the study."""
 
 from __future__ import annotations
 
@@ -14,6 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"<!-- numbers from: (?P<dirs>[^>]*?) -->(?P<body>.*?)<!-- end numbers -->", re.S)
 DECIMAL = re.compile(r"(?<![\w.])[-+−]?(\d+\.\d+)(?![\w.]*\d)")
 DOCS = ["README.md", "benchmarks/README.md"]
+PAIR = re.compile(r"(?<![\w.])[-+−]?(\d+\.\d+)\s*±\s*(\d+\.\d+)(?![\w.]*\d)")
+CELLS = re.compile(r"\|\s*[-+−]?(\d+\.\d+)\s*\|\s*(\d+\.\d+)\s*(?=\|)")
 
 
 def blocks(doc: str) -> list[tuple[list[Path], str]]:
@@ -43,6 +53,44 @@ def test_the_study_sections_are_fenced():
     assert studies and studies <= named, f"study results without a numbers block: {sorted(studies - named)}"
 
 
+def generated_pairs(dirs: list[Path]) -> set[tuple[str, str]]:
+    """Every (value, spread) pair, value unsigned, written ``a±b`` or as adjacent table cells in ``dirs``."""
+    found: set[tuple[str, str]] = set()
+    for d in dirs:
+        for f in sorted(d.glob("*.md")) + sorted(d.glob("*.json")):
+            text = f.read_text()
+            found |= set(PAIR.findall(text)) | set(CELLS.findall(text))
+    return found
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_every_value_with_its_spread_in_a_block_stands_together_in_the_files(doc):
+    for dirs, body in blocks(doc):
+        allowed = generated_pairs(dirs)
+        unknown = sorted({f"{a} ± {b}" for a, b in PAIR.findall(body) if (a, b) not in allowed})
+        assert not unknown, f"{doc}: value ± spread not found together in {[str(d.relative_to(ROOT)) for d in dirs]}: {unknown}"
+
+
+def gpu_studies() -> set[str]:
+    """The studies of benchmarks/results with a run trained on a GPU (``device: cuda`` in its summary.json)."""
+    found = set()
+    for s in (ROOT / "benchmarks" / "results").glob("*/runs/**/summary.json"):
+        if '"device": "cuda' in s.read_text():
+            found.add(s.relative_to(ROOT / "benchmarks" / "results").parts[0])
+    return found
+
+
+def test_runs_on_a_gpu_are_named_where_they_are_used():
+    studies = gpu_studies()
+    for dirs, body in blocks("benchmarks/README.md"):
+        for d in dirs:
+            if d.name in studies:
+                assert "GPU" in body, f"benchmarks/README.md: the {d.name} section does not say which runs a GPU ran"
+    readme = (ROOT / "README.md").read_text()
+    missing = sorted(s for s in studies if f"`{s}`" not in readme.split("## Results", 1)[-1])
+    assert not missing, f"README.md's Results section does not name the studies with GPU runs: {missing}"
+
+
 @pytest.mark.parametrize("doc", DOCS)
 def test_every_decimal_number_in_a_block_comes_from_the_generated_files(doc):
     checked = 0
@@ -62,3 +110,11 @@ def test_a_number_not_in_the_files_is_caught(tmp_path):
     allowed = generated_numbers([tmp_path])
     assert "99.42" in allowed and "0.00" in allowed
     assert [n for n in DECIMAL.findall("FedPer leads with 99.42, and EA has -1.10") if n not in allowed] == ["1.10"]
+
+
+def test_a_spread_copied_from_another_cell_is_caught(tmp_path):
+    (tmp_path / "table.md").write_text("| FedPer | 87.45±1.01 (n=3) |\n| Fair | 84.84±1.02 (n=3) |\n")
+    (tmp_path / "versus.md").write_text("| FedAvg | mnist | 0 | 20 | 50 | -0.22 | 0.09 | 3/15/2 |\n")
+    allowed = generated_pairs([tmp_path])
+    prose = "EA ends at 87.45±1.02, Fair at 84.84 ± 1.02, and the gap is +0.22 ± 0.09 (SE)"
+    assert [p for p in PAIR.findall(prose) if p not in allowed] == [("87.45", "1.02")]
