@@ -31,7 +31,7 @@ from fedpers.core import seeds
 from fedpers.core.cluster import node_identity
 from fedpers.core.errors import ClientUpdateError, ConfigError, NodeMismatchError
 from fedpers.core.federation import get_federation
-from fedpers.core.models import Part, build_model, get_arrays, set_arrays
+from fedpers.core.models import Part, build_model, get_arrays, model_kind_for, set_arrays
 from fedpers.core.schema import Config, parse_id_list
 from fedpers.core.state_store import ClientStateStore, config_fingerprint, state_dir_of
 from fedpers.core.training import evaluate, resolve_device, seed_everything, sgd, train_epochs
@@ -90,7 +90,7 @@ class FedPersClient(ContractSide, NumPyClient):
         self.data = federation.client(self.partition_id, self.device)
         self.model = build_model(federation.input_shape, federation.num_classes, feature_dim=cfg.feature_dim,
                                  dropout=cfg.dropout, seed=cfg.seed,
-                                 kind=cfg.model_kind or self.model_kind).to(self.device)
+                                 kind=model_kind_for(cfg.model_kind, self.model_kind, cfg.dataset)).to(self.device)
         self._faulty = set(parse_id_list(cfg.faulty_clients))
         self._server_round: int | None = None
         self._state_horizon: float = math.inf

@@ -18,7 +18,7 @@ from fedpers.core.wire import MODEL_SECTION, server_round_of
 
 def params_in_state_order(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     """The model's parameters in :func:`parameter_names` (``all``) order; every state entry must be a
-    trainable parameter (true for cnn, se_cnn and gn_cnn: no buffers)."""
+    trainable parameter (true of every model kind: no buffers)."""
     named = dict(model.named_parameters())
     names = parameter_names(model, "all")
     missing = [n for n in names if n not in named]

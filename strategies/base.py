@@ -44,7 +44,7 @@ from flwr.server.strategy import Strategy
 
 from fedpers.core.errors import FedpersError, refuse_if_stopping
 from fedpers.core.federation import Federation
-from fedpers.core.models import array_shapes, build_model, get_arrays, set_arrays
+from fedpers.core.models import array_shapes, build_model, get_arrays, model_kind_for, set_arrays
 from fedpers.core.results import ResultsWriter
 from fedpers.core.schema import Config
 from fedpers.core.training import accuracy_and_loss, predict_logits, resolve_device
@@ -95,7 +95,8 @@ class FedPersStrategy(ContractSide, Strategy):
         self.federation = federation
         self.device = resolve_device(cfg.device)
         self.model = build_model(federation.input_shape, federation.num_classes, feature_dim=cfg.feature_dim,
-                                 dropout=cfg.dropout, seed=cfg.seed, kind=cfg.model_kind or self.model_kind).to(self.device)
+                                 dropout=cfg.dropout, seed=cfg.seed,
+                                 kind=model_kind_for(cfg.model_kind, self.model_kind, cfg.dataset)).to(self.device)
         self.upload_shapes = array_shapes(self.model, self.upload_part)
         self.roster = ClientRoster(cfg, federation)  # node -> partition, the seeded samples of a round
         # the run's record: the round being gathered, finished rounds, pending round, totals, summary.json
@@ -312,7 +313,8 @@ class FedPersStrategy(ContractSide, Strategy):
         logits = predict_logits(self.model, test.x)
         acc, loss = accuracy_and_loss(logits, test.y)
         self.book.current["global_acc"] = acc
-        if self.personalized_is_global:
+        if self.personalized_is_global and self.federation.test_covers_every_client:
+            # (else, e.g. generated data of many clients, each client evaluates its own test split)
             positions = self.federation.test_positions()
             correct = (logits.argmax(dim=1) == test.y).cpu().numpy()
             # each client's accuracy: the mean over the positions of its own test split in the union

@@ -4,11 +4,12 @@
 
 * Ray's own processes (GCS, raylet, dashboard and runtime-env agents, idle workers): a constant;
 * the driver: a Python process with torch, Flower and Ray imported, the dataset (float32 NCHW, plus the
-  concatenated copy of a ``joined`` index space), the server's copies of the global test split and of Ds,
-  one round's replies (the upload of every sampled client, encoded as it arrives and decoded for
-  aggregation), a per-client index (Flower's node record and context, the server's node -> partition map:
-  ``INDEX_PER_CLIENT`` bytes each, no model), and every client's persistent state held in ``context.state``
-  (none with ``client_state_spill``: then nothing but the index grows with the number of clients);
+  concatenated copy of a ``joined`` index space; of generated data only the clients' sizes), the server's
+  copies of the global test split and of Ds, one round's replies (the upload of every sampled client,
+  encoded as it arrives and decoded for aggregation), a per-client index (Flower's node record and
+  context, the server's node -> partition map: ``INDEX_PER_CLIENT`` bytes each, no model), and every
+  client's persistent state held in ``context.state`` (none with ``client_state_spill``: then nothing but
+  the index grows with the number of clients);
 * every client actor (``floor(CPUs / client_cpus)``, at most one per client): the same process base, the
   dataset, and the splits of the last ``CLIENTS_KEPT`` clients it served (the largest ones, as an upper
   bound), copied to its device. With CUDA those copies and the models live on the GPU.
@@ -70,16 +71,13 @@ def state_bytes_per_client(client_cls: type, model) -> int:
 
 def estimate(cfg, federation, client_cls: type, model, *, cpus: int | None = None) -> MemoryEstimate:
     """The peak memory of ``fedpers run`` with ``cfg`` (see the module docstring)."""
-    data = federation.dataset
-    dataset = data.x_train.nbytes + data.x_test.nbytes + data.y_train.nbytes + data.y_test.nbytes
-    host_copy = dataset if federation.partition.index_space == "joined" else 0
+    dataset = federation.held_bytes()  # generated data (dataset: synthetic): the clients' sizes only
     p = federation.partition
-    per_sample = data.x_train[:1].nbytes + 8
+    per_sample = federation.sample_bytes()
     val = p.val or [()] * len(p.train)
     sizes = sorted((len(t) + len(e) + len(v) for t, e, v in zip(p.train, p.test, val)), reverse=True)
     clients_data = per_sample * sum(sizes[:CLIENTS_KEPT])
-    global_test = len(data.y_test) if p.index_space == "split" else sum(len(e) for e in p.test)
-    server_data = per_sample * (global_test + len(p.aux))
+    server_data = per_sample * (federation.global_test_size() + len(p.aux))
     model_bytes = FLOAT * sum(v.numel() for v in model.state_dict().values())
     cpus = cpus or os.cpu_count() or 1
     actors = max(1, min(federation.num_clients, int(cpus // max(cfg.client_cpus, 1e-9))))
@@ -91,11 +89,11 @@ def estimate(cfg, federation, client_cls: type, model, *, cpus: int | None = Non
     actor_device = clients_data + 4 * model_bytes
     parts = {
         "ray processes": RAY_PROCESSES,
-        "driver": DRIVER_BASE + dataset + host_copy + (0 if on_gpu else server_data) + 2 * model_bytes
+        "driver": DRIVER_BASE + dataset + (0 if on_gpu else server_data) + 2 * model_bytes
         + 2 * sampled * upload,
         "client index (driver)": INDEX_PER_CLIENT * federation.num_clients,
         "client state (driver)": state,
-        "per actor": ACTOR_BASE + dataset + host_copy + (0 if on_gpu else actor_device),
+        "per actor": ACTOR_BASE + dataset + (0 if on_gpu else actor_device),
     }
     host = (parts["ray processes"] + parts["driver"] + parts["client index (driver)"] + state
             + actors * parts["per actor"])

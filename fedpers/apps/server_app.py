@@ -22,7 +22,6 @@ from fedpers.core.checkpoint import checkpoint_path, load_checkpoint
 from fedpers.apps.client_app import config_of
 from fedpers.registry.config import Config
 from fedpers.core.errors import ConfigError, FedpersError
-from fedpers.core.partition import save_partition
 from fedpers.apps.prompt_grid import PromptReplyGrid
 from fedpers.registry.methods import federation_for, strategy_class_for
 from fedpers.core.results import ResultsWriter
@@ -37,8 +36,7 @@ def server_fn(context: Context) -> ServerAppComponents:
     state = check_run_dir(cfg)  # before the results writer touches out_dir
     writer = ResultsWriter(cfg.out_dir, tensorboard=cfg.tensorboard, wandb=cfg.wandb,
                            wandb_project=cfg.wandb_project, config=cfg.to_dict())
-    save_partition(writer.out_dir / "partition.npz", federation.partition, dataset=Path(cfg.dataset).name,
-                   num_train=len(federation.dataset.y_train), num_test=len(federation.dataset.y_test))
+    federation.save_partition(writer.out_dir / "partition.npz", dataset=Path(cfg.dataset).name)
     label_distribution_png(federation.client_label_counts(), writer.out_dir / "partition.png")
     strategy = strategy_class_for(cfg)(cfg, federation, writer)  # method (+ JDFL wrapper)
     config = ServerConfig(num_rounds=cfg.rounds, round_timeout=cfg.round_timeout or None)

@@ -16,6 +16,7 @@ import socket
 
 from fedpers.core.errors import ConfigError, DataError, cut, shown
 from fedpers.core.schema import Config
+from fedpers.core.synthetic import SYNTHETIC
 
 
 def node_identity() -> str:
@@ -34,7 +35,7 @@ def data_paths(cfg: Config) -> list[str]:
     """Paths every node must be able to read for this run (none for embedded datasets)."""
     if cfg.dataset.endswith(".npz") or os.sep in cfg.dataset:
         paths = [os.path.abspath(cfg.dataset)]
-    elif cfg.dataset != "digits" and cfg.data_dir:
+    elif cfg.dataset not in ("digits", SYNTHETIC) and cfg.data_dir:  # both need no file
         paths = [os.path.abspath(cfg.data_dir)]
     else:
         paths = []

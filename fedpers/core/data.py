@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from fedpers.core.errors import DataError
+from fedpers.core.synthetic import SYNTHETIC
 
 NAMED_DATASETS = ("digits", "mnist", "fmnist", "cifar10", "cifar100")
 DOMAIN_DATASETS = ("mnist_usps", "digits_domains")
@@ -273,6 +274,8 @@ def find_dataset(dataset: str, data_dir: str = "") -> str:
         return dataset
     if dataset in ("digits", "digits_domains"):
         return "scikit-learn"
+    if dataset == SYNTHETIC:  # generated per client (fedpers/core/federation.py: SyntheticFederation)
+        return "generated"
     if dataset == "mnist_usps":
         root = Path(data_dir) if data_dir else default_data_dir()
         for fname in ("mnist.npz", "usps.npz"):
@@ -282,7 +285,8 @@ def find_dataset(dataset: str, data_dir: str = "") -> str:
         return str(root)
     if dataset not in _NPZ_NAMES:
         raise DataError(
-            f"unknown dataset '{dataset}': use one of {', '.join(NAMED_DATASETS)} or a path to a .npz file"
+            f"unknown dataset '{dataset}': use one of {', '.join((*NAMED_DATASETS, SYNTHETIC))} or a path to a "
+            ".npz file"
         )
     root = Path(data_dir) if data_dir else default_data_dir()
     if data_dir and not root.is_dir():

@@ -7,6 +7,9 @@ A deployed SuperNode starts a fresh ClientApp process for every message, which w
 dataset and split it again each time (3.4 s for MNIST here) to use one client's samples. With a state
 directory, :func:`use_client_slice` saves that client's own samples once (``ClientSlice``) and later
 processes read only those.
+
+``dataset: synthetic`` (the FedProx paper's Synthetic(alpha, beta), fedpers/core/synthetic.py) is a
+:class:`SyntheticFederation`: nothing is loaded, each client's samples are generated when it is asked for.
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ import torch
 
 from fedpers.core.data import Dataset, default_data_dir, load_dataset, save_npz_quietly
 from fedpers.core.errors import DataError
-from fedpers.core.partition import Partition, hold_out_validation, load_partition, make_partition
+from fedpers.core.partition import Partition, hold_out_validation, load_partition, make_partition, save_partition
 from fedpers.core.schema import Config
 from fedpers.core.seeds import VALIDATION_SPLIT, derived_seed
+from fedpers.core import synthetic
 
 # Client splits an actor keeps (Federation.client): more than the clients of any one round of the papers' settings,
 # so a 20-client study never rebuilds one; a 10,000-client run's actors stay at the size of these.
@@ -36,7 +40,8 @@ CLIENTS_KEPT = 64
 # Config keys that determine the data and the split (nothing else may change them).
 DATA_KEYS = ("dataset", "data_dir", "partition", "partition_file", "alpha", "classes_per_client",
              "min_samples_per_client", "num_clients", "aux_size", "seed", "flwr_partitioner",
-             "flwr_partitioner_args", "flwr_test_fraction", "val_fraction")
+             "flwr_partitioner_args", "flwr_test_fraction", "val_fraction", "synthetic_alpha", "synthetic_beta",
+             "synthetic_iid")
 
 
 @dataclass(frozen=True)
@@ -112,15 +117,19 @@ class Federation:
         if key in self._clients:
             self._clients.move_to_end(key)
             return self._clients[key]
-        xtr, ytr, xte, yte = self._host_tensors()
-        val = self.partition.val
-        data = ClientData(_take(xtr, ytr, self.partition.train[partition_id], device),
-                          _take(xte, yte, self.partition.test[partition_id], device),
-                          None if val is None else _take(xtr, ytr, val[partition_id], device))
+        data = self._client_data(partition_id, device)
         self._clients[key] = data
         while len(self._clients) > CLIENTS_KEPT:
             self._clients.popitem(last=False)
         return data
+
+    def _client_data(self, partition_id: int, device: torch.device) -> ClientData:
+        """Client ``partition_id``'s splits, copied to ``device`` (not kept: :meth:`client` keeps them)."""
+        xtr, ytr, xte, yte = self._host_tensors()
+        val = self.partition.val
+        return ClientData(_take(xtr, ytr, self.partition.train[partition_id], device),
+                          _take(xte, yte, self.partition.test[partition_id], device),
+                          None if val is None else _take(xtr, ytr, val[partition_id], device))
 
     def aux(self, device: torch.device) -> Split:
         """The server's labelled auxiliary set Ds."""
@@ -180,6 +189,223 @@ class Federation:
 
         return client_domains(self.dataset, self.partition)
 
+    # --- what the server writes and estimates ------------------------------------------------------------
+    @property
+    def test_covers_every_client(self) -> bool:
+        """Whether :meth:`test` holds every client's test split (then each client's accuracy of a shared
+        model can be read off it at :meth:`test_positions`): always, for a loaded dataset."""
+        return True
+
+    def save_partition(self, path: str | os.PathLike, *, dataset: str) -> None:
+        """Write the split as ``partition.npz`` (:func:`fedpers.core.partition.save_partition`), which
+        ``partition: file`` reads back."""
+        save_partition(path, self.partition, dataset=dataset, num_train=len(self.dataset.y_train),
+                       num_test=len(self.dataset.y_test))
+
+    def held_bytes(self) -> int:
+        """Bytes of data every process holds once it has loaded the federation: the dataset's arrays, and
+        in a joined index space their concatenated copy too."""
+        d = self.dataset
+        arrays = d.x_train.nbytes + d.x_test.nbytes + d.y_train.nbytes + d.y_test.nbytes
+        return 2 * arrays if self.partition.index_space == "joined" else arrays
+
+    def sample_bytes(self) -> int:
+        """Bytes of one sample and its label on a device."""
+        return self.dataset.x_train[:1].nbytes + 8
+
+    def global_test_size(self) -> int:
+        """Samples of :meth:`test`."""
+        if self.partition.index_space == "split":
+            return len(self.dataset.y_test)
+        return sum(len(e) for e in self.partition.test)
+
+
+@dataclass(frozen=True)
+class GeneratedData:
+    """What a run reads of a generated dataset without generating it: its name, classes and sample shape,
+    and the generator's parameters. Single-domain: no domain ids."""
+
+    name: str
+    num_classes: int
+    input_shape: tuple[int, int, int]
+    alpha: float
+    beta: float
+    iid: bool
+    d_train: None = None
+    d_test: None = None
+    domain_names: tuple[str, ...] = ()
+    num_domains: int = 0
+
+
+class SplitSizes:
+    """One split of every client, as ``range(size)``: the positions of the client's samples in its generated
+    split. What the server reads of a split is its length; the sizes are one int64 vector (O(K))."""
+
+    def __init__(self, sizes: np.ndarray):
+        self.sizes = sizes
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def __getitem__(self, client: int) -> range:
+        return range(int(self.sizes[client]))
+
+    def __iter__(self):
+        return (range(n) for n in self.sizes.tolist())
+
+
+@dataclass(frozen=True)
+class GeneratedPartition:
+    """The split of generated data (:class:`SyntheticFederation`): each client's train, test and validation
+    sizes as :class:`SplitSizes`, and Ds as ``range(aux_size)``. The attributes a :class:`Partition` has,
+    for the server's reads (sizes, weights)."""
+
+    train: SplitSizes
+    test: SplitSizes
+    aux: range
+    val: SplitSizes | None = None
+    index_space: str = "generated"
+
+    @property
+    def num_clients(self) -> int:
+        """K."""
+        return len(self.train)
+
+
+class SyntheticFederation(Federation):
+    """``dataset: synthetic``: the FedProx paper's Synthetic(alpha, beta) (Li et al., MLSys 2020, Sec. 5.1;
+    fedpers/core/synthetic.py), with Federation's interface and no dataset in memory.
+
+    Building it draws the K clients' sizes (one O(K) vector); a client's samples are generated when
+    :meth:`client` is asked for it, from a stream of its own (seed, client), in O(its samples), and the
+    ``CLIENTS_KEPT`` clients served last are kept as Federation keeps them. A client's train split is the first
+    ``int(0.9 n)`` of its n samples less its validation split (``val_fraction``: the last
+    :func:`fedpers.core.synthetic.validation_sizes` of them), its test split the rest.
+
+    What the server uses is ours and bounded: the global test set (:meth:`test`) is the test splits of at
+    most ``GLOBAL_TEST_CLIENTS`` clients (all when K is no more); Ds (:meth:`aux`) is ``aux_size`` samples,
+    each drawn from the distribution of a uniformly chosen client; label counts (:meth:`client_label_counts`,
+    partition.png) cover the global test set's clients only; the saved partition records sizes."""
+
+    def __init__(self, *, num_clients: int, seed: int, alpha: float, beta: float, iid: bool, aux_size: int,
+                 val_fraction: float):
+        self.seed, self.alpha, self.beta, self.iid = seed, alpha, beta, iid
+        self.dataset = GeneratedData(synthetic.SYNTHETIC, synthetic.NUM_CLASSES, synthetic.INPUT_SHAPE,
+                                     alpha, beta, iid)
+        self.sizes = synthetic.client_sizes(num_clients, seed)
+        train = synthetic.train_sizes(self.sizes)
+        val = synthetic.validation_sizes(train, val_fraction) if val_fraction > 0 else None
+        self.partition = GeneratedPartition(SplitSizes(train if val is None else train - val),
+                                            SplitSizes(self.sizes - train), range(aux_size),
+                                            None if val is None else SplitSizes(val))
+        self._on_device: dict[tuple, Split] = {}
+        self._clients: OrderedDict[tuple, ClientData] = OrderedDict()
+
+    def generate(self, partition_id: int) -> dict[str, np.ndarray]:
+        """Client ``partition_id``'s arrays as numpy (:func:`fedpers.core.synthetic.generate_client`)."""
+        val = self.partition.val
+        return synthetic.generate_client(self.seed, partition_id, int(self.sizes[partition_id]), alpha=self.alpha,
+                                         beta=self.beta, iid=self.iid,
+                                         num_val=0 if val is None else int(val.sizes[partition_id]))
+
+    def _client_data(self, partition_id: int, device: torch.device) -> ClientData:
+        a = {k: torch.from_numpy(v).to(device) for k, v in self.generate(partition_id).items()}
+        return ClientData(Split(a["x_train"], a["y_train"]), Split(a["x_test"], a["y_test"]),
+                          Split(a["x_val"], a["y_val"]) if "x_val" in a else None)
+
+    def _on(self, name: str, device: torch.device, arrays: tuple[np.ndarray, np.ndarray]) -> Split:
+        key = (name, str(device))
+        if key not in self._on_device:
+            self._on_device[key] = Split(*(torch.from_numpy(a).to(device) for a in arrays))
+        return self._on_device[key]
+
+    @functools.cached_property
+    def _aux_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        return synthetic.server_samples(self.seed, self.num_clients, len(self.partition.aux), alpha=self.alpha,
+                                        beta=self.beta, iid=self.iid)
+
+    def aux(self, device: torch.device) -> Split:
+        """The server's labelled set Ds (ours): ``aux_size`` samples, each a fresh draw from the distribution
+        of a client chosen uniformly (:func:`fedpers.core.synthetic.server_samples`)."""
+        return self._on("aux", device, self._aux_arrays)
+
+    @functools.cached_property
+    def _test_clients(self) -> tuple[np.ndarray, np.ndarray, dict[str, dict[str, list[int]]]]:
+        """(x, y) of the global test set and the label counts of its clients, generated in one pass."""
+        xs, ys, counts = [], [], {}
+        c = self.num_classes
+        for k in synthetic.global_test_clients(self.num_clients, self.seed).tolist():
+            arrays = self.generate(k)
+            xs.append(arrays["x_test"])
+            ys.append(arrays["y_test"])
+            counts[str(k)] = {split: np.bincount(arrays[f"y_{split}"], minlength=c).tolist()
+                              for split in ("train", "test", "val") if f"y_{split}" in arrays}
+        return np.concatenate(xs), np.concatenate(ys), counts
+
+    def test(self, device: torch.device) -> Split:
+        """The global test set (ours): the test splits of :func:`fedpers.core.synthetic.global_test_clients`
+        (every client up to ``GLOBAL_TEST_CLIENTS``, else a seeded sample of that many), in client order."""
+        x, y, _ = self._test_clients
+        return self._on("global test", device, (x, y))
+
+    @property
+    def test_covers_every_client(self) -> bool:
+        """Whether :meth:`test` holds every client's test split: with at most ``GLOBAL_TEST_CLIENTS`` clients."""
+        return self.num_clients <= synthetic.GLOBAL_TEST_CLIENTS
+
+    def client_label_counts(self) -> dict[str, dict[str, list[int]]]:
+        """Samples per class of the clients of the global test set (all clients up to
+        ``GLOBAL_TEST_CLIENTS``), in their train, test and validation splits: counting every client of a
+        100,000-client run would generate all of them, and its picture (partition.png) would be unreadable."""
+        return self._test_clients[2]
+
+    @functools.cached_property
+    def _test_positions(self) -> list[np.ndarray]:
+        positions = [np.zeros(0, np.int64)] * self.num_clients
+        start = 0
+        for k in synthetic.global_test_clients(self.num_clients, self.seed).tolist():
+            n = len(self.partition.test[k])
+            positions[k] = np.arange(start, start + n, dtype=np.int64)
+            start += n
+        return positions
+
+    def test_positions(self) -> list[np.ndarray]:
+        """Positions of each client's test samples within :meth:`test`; empty for a client outside it."""
+        return self._test_positions
+
+    def test_domains(self) -> None:
+        """None: generated data have no domain ids."""
+        return None
+
+    def client_domains(self) -> None:
+        """None: generated data have no domain ids."""
+        return None
+
+    def save_partition(self, path: str | os.PathLike, *, dataset: str) -> None:
+        """Write ``partition.npz`` with what determines the generated split: each client's train, test (and
+        validation) sizes, ``aux_size``, the generator's parameters and seed; no sample indices (there are
+        no stored samples to index)."""
+        p = self.partition
+        val = {} if p.val is None else {"val_sizes": p.val.sizes}
+        np.savez(path, train_sizes=p.train.sizes, test_sizes=p.test.sizes, **val,
+                 aux_size=np.array(len(p.aux), dtype=np.int64), index_space=np.array(p.index_space),
+                 dataset=np.array(dataset), seed=np.array(self.seed, dtype=np.int64),
+                 synthetic_alpha=np.array(self.alpha), synthetic_beta=np.array(self.beta),
+                 synthetic_iid=np.array(self.iid))
+
+    def held_bytes(self) -> int:
+        """Bytes every process holds once built: the size vectors (no samples until a client is asked for)."""
+        p = self.partition
+        return self.sizes.nbytes + sum(split.sizes.nbytes for split in (p.train, p.test, p.val) if split is not None)
+
+    def sample_bytes(self) -> int:
+        """Bytes of one sample (60 float32) and its label on a device."""
+        return 4 * int(np.prod(self.input_shape)) + 8
+
+    def global_test_size(self) -> int:
+        """Samples of :meth:`test`, from the sizes (nothing is generated)."""
+        return int(self.partition.test.sizes[synthetic.global_test_clients(self.num_clients, self.seed)].sum())
+
 
 def _take(x: torch.Tensor, y: torch.Tensor, idx: np.ndarray, device: torch.device) -> Split:
     """Samples ``idx`` of (x, y), copied to ``device``."""
@@ -191,7 +417,10 @@ def _take(x: torch.Tensor, y: torch.Tensor, idx: np.ndarray, device: torch.devic
 def _federation(dataset: str, data_dir: str, partition: str, partition_file: str, alpha: float,
                 classes_per_client: int, min_samples_per_client: int, num_clients: int, aux_size: int,
                 seed: int, flwr_partitioner: str, flwr_partitioner_args: str, flwr_test_fraction: float,
-                val_fraction: float) -> Federation:
+                val_fraction: float, synthetic_alpha: float, synthetic_beta: float, synthetic_iid: bool) -> Federation:
+    if dataset == synthetic.SYNTHETIC:  # generated per client: nothing to load or split
+        return SyntheticFederation(num_clients=num_clients, seed=seed, alpha=synthetic_alpha, beta=synthetic_beta,
+                                   iid=synthetic_iid, aux_size=aux_size, val_fraction=val_fraction)
     data = load_dataset(dataset, data_dir)
     if partition == "file":
         split = load_partition(partition_file, num_train=len(data.y_train), num_test=len(data.y_test), dataset=dataset)
@@ -294,7 +523,9 @@ def use_client_slice(cfg: Config, partition_id: int, state_dir: str):
     slice saved for the next process. Without a state dir, or when this process already holds the whole
     Federation (a simulation actor serving many clients), nothing changes."""
     keys = tuple(cfg[k] for k in DATA_KEYS)
-    if not state_dir or keys in _built:
+    # Generated data are not sliced: the process generates its client (O(its samples), plus the O(K) size
+    # vector: 2 ms for the median client of Synthetic(1, 1)) and leaves no file that could go stale
+    if not state_dir or keys in _built or cfg.dataset == synthetic.SYNTHETIC:
         yield
         return
     path = client_slice_path(state_dir, partition_id, data_key(cfg))

@@ -17,9 +17,10 @@ import torch
 from torch import nn
 
 from fedpers.core.errors import ClientUpdateError, DataError
+from fedpers.core.synthetic import SYNTHETIC
 
 Part = Literal["backbone", "head", "residual", "personal", "all"]
-ModelKind = Literal["cnn", "se_cnn", "gn_cnn"]
+ModelKind = Literal["cnn", "se_cnn", "gn_cnn", "mlp", "residual_mlp"]
 HEAD_MODULE = "head"
 RESIDUAL_MODULE = "residual"
 
@@ -107,34 +108,18 @@ class SqueezeExcitation(nn.Module):
         return x * s[:, :, None, None]
 
 
-class SECNN(nn.Module):
-    """FedEAGD's model: a shared feature extractor of two conv blocks with squeeze-and-excitation
-    (``backbone``), a personalized gated residual branch on its features (``residual``) and a linear
-    classifier (``head``): ``logits = head(z + fusion * residual(z))``, ``z = backbone(x)``.
+class GatedResidual:
+    """FedEAGD's personalized part on a backbone's features, shared by :class:`SECNN` and
+    :class:`ResidualMLP`: a gated residual branch ``residual`` and the linear classifier ``head``,
+    ``logits = head(z + fusion * residual(z))``.
 
-    Widths are ours (the summary gives only the extractor's size, 2,153,216 parameters on CIFAR-100):
-    the foundation's CNN (conv 5x5 with 32 and 64 channels, padding 2, max-pool, dropout, FC
-    ``feature_dim``) with an SE module (reduction 8) after each conv block, which gives 2,152,748
-    parameters for 3x32x32 inputs and ``feature_dim`` 512 (-468, -0.02%). The residual is a bottleneck
-    MLP ``feature_dim -> feature_dim/4 -> feature_dim`` whose last layer starts at zero, so switching the
-    gate on does not perturb the features (ours; :meth:`reset_residual_output` gives it the default
-    init). ``fusion`` is a plain attribute set each round by the client (the schedule of
-    :func:`fedpers.algorithms.fedeagd.fusion_coefficient`), not model state.
-    """
+    The residual is a bottleneck MLP ``feature_dim -> feature_dim/4 -> feature_dim`` whose last layer starts
+    at zero, so switching the gate on does not perturb the features (ours; :meth:`reset_residual_output`
+    gives it the default init). ``fusion`` is a plain attribute set each round by the client (the schedule
+    of :func:`fedpers.algorithms.fedeagd.fusion_coefficient`), not model state."""
 
-    def __init__(self, in_channels: int, image_size: tuple[int, int], num_classes: int,
-                 feature_dim: int = 512, dropout: float = 0.25, se_reduction: int = 8):
-        super().__init__()
-        h, w = image_size
-        flat = 64 * (h // 4) * (w // 4)
-        self.backbone = nn.Sequential(
-            nn.Conv2d(in_channels, 32, kernel_size=5, padding=2), nn.ReLU(),
-            SqueezeExcitation(32, se_reduction), MaxPool2d(2),
-            nn.Conv2d(32, 64, kernel_size=5, padding=2), nn.ReLU(),
-            SqueezeExcitation(64, se_reduction), MaxPool2d(2),
-            nn.Dropout(dropout), nn.Flatten(),
-            nn.Linear(flat, feature_dim), nn.ReLU(),
-        )
+    def add_residual_and_head(self, feature_dim: int, num_classes: int) -> None:
+        """Build ``residual`` then ``head`` (in this order: the order of their seeded init)."""
         bottleneck = max(1, feature_dim // 4)
         self.residual = nn.Sequential(nn.Linear(feature_dim, bottleneck), nn.ReLU(),
                                       nn.Linear(bottleneck, feature_dim))
@@ -158,6 +143,35 @@ class SECNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
         return self.classify(self.backbone(x))
+
+
+class SECNN(GatedResidual, nn.Module):
+    """FedEAGD's model: a shared feature extractor of two conv blocks with squeeze-and-excitation
+    (``backbone``), a personalized gated residual branch on its features (``residual``) and a linear
+    classifier (``head``): ``logits = head(z + fusion * residual(z))``, ``z = backbone(x)``
+    (:class:`GatedResidual`).
+
+    Widths are ours (the summary gives only the extractor's size, 2,153,216 parameters on CIFAR-100):
+    the foundation's CNN (conv 5x5 with 32 and 64 channels, padding 2, max-pool, dropout, FC
+    ``feature_dim``) with an SE module (reduction 8) after each conv block, which gives 2,152,748
+    parameters for 3x32x32 inputs and ``feature_dim`` 512 (-468, -0.02%). The residual is a bottleneck
+    MLP ``feature_dim -> feature_dim/4 -> feature_dim`` whose last layer starts at zero.
+    """
+
+    def __init__(self, in_channels: int, image_size: tuple[int, int], num_classes: int,
+                 feature_dim: int = 512, dropout: float = 0.25, se_reduction: int = 8):
+        super().__init__()
+        h, w = image_size
+        flat = 64 * (h // 4) * (w // 4)
+        self.backbone = nn.Sequential(
+            nn.Conv2d(in_channels, 32, kernel_size=5, padding=2), nn.ReLU(),
+            SqueezeExcitation(32, se_reduction), MaxPool2d(2),
+            nn.Conv2d(32, 64, kernel_size=5, padding=2), nn.ReLU(),
+            SqueezeExcitation(64, se_reduction), MaxPool2d(2),
+            nn.Dropout(dropout), nn.Flatten(),
+            nn.Linear(flat, feature_dim), nn.ReLU(),
+        )
+        self.add_residual_and_head(feature_dim, num_classes)
 
 
 class GroupNormCNN(nn.Module):
@@ -193,16 +207,73 @@ class GroupNormCNN(nn.Module):
         return self.head(self.backbone(x))
 
 
+def vector_backbone(in_features: int, feature_dim: int) -> nn.Sequential:
+    """The backbone of :class:`MLP` and :class:`ResidualMLP`: flatten, ``Linear(in_features, feature_dim)``,
+    ReLU (one hidden layer, ours)."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(in_features, feature_dim), nn.ReLU())
+
+
+class MLP(nn.Module):
+    """A model for vector data (``dataset: synthetic``, 1 x 1 x 60 "images"): backbone = flatten + one
+    hidden layer (``Linear(C*H*W, feature_dim)`` + ReLU), head = ``Linear(feature_dim, num_classes)``.
+
+    FedProx trained multinomial logistic regression on Synthetic(alpha, beta) (Li et al., MLSys 2020, Sec.
+    5.1); every fedpers method splits its model into a shared backbone and a head, so the smallest model
+    with both, one hidden layer (ours). No dropout: ``dropout`` is accepted and not used."""
+
+    def __init__(self, in_channels: int, image_size: tuple[int, int], num_classes: int,
+                 feature_dim: int = 512, dropout: float = 0.25):
+        super().__init__()
+        self.backbone = vector_backbone(in_channels * image_size[0] * image_size[1], feature_dim)
+        self.head = nn.Linear(feature_dim, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        return self.head(self.backbone(x))
+
+
+class ResidualMLP(GatedResidual, nn.Module):
+    """FedEAGD's model on vector data: :class:`MLP`'s backbone with FedEAGD's gated residual branch and
+    head (:class:`GatedResidual`); the SE modules of :class:`SECNN` act on convolution channels, which an
+    MLP has none of (ours)."""
+
+    def __init__(self, in_channels: int, image_size: tuple[int, int], num_classes: int,
+                 feature_dim: int = 512, dropout: float = 0.25):
+        super().__init__()
+        self.backbone = vector_backbone(in_channels * image_size[0] * image_size[1], feature_dim)
+        self.add_residual_and_head(feature_dim, num_classes)
+
+
+# The kinds without convolutional blocks (JDFL's jdfl_layers other than head and all take some), and the
+# kinds with FedEAGD's gated residual branch (a method whose own model has one trains it).
+CONV_FREE_KINDS = ("mlp", "residual_mlp")
+RESIDUAL_KINDS = ("se_cnn", "residual_mlp")
+VECTOR_KIND_OF = {"se_cnn": "residual_mlp"}  # a method's own model -> its vector-data model; others: mlp
+
+
+def model_kind_for(configured: str, method_kind: str, dataset: str) -> str:
+    """The model a run trains: ``model_kind`` when set, else the method's own (``method_kind``), except on
+    ``dataset: synthetic``, whose 60-feature vectors no convolution fits: there :class:`MLP`, or
+    :class:`ResidualMLP` for a method whose own model has FedEAGD's residual branch (ours, see :class:`MLP`)."""
+    if configured:
+        return configured
+    if dataset == SYNTHETIC:
+        return VECTOR_KIND_OF.get(method_kind, "mlp")
+    return method_kind
+
+
 def build_model(input_shape: Sequence[int], num_classes: int, *, feature_dim: int = 512,
                 dropout: float = 0.25, seed: int | None = None, kind: ModelKind = "cnn") -> nn.Module:
-    """Build the model ``kind`` (``cnn``: :class:`SimpleCNN`; ``se_cnn``: FedEAGD's :class:`SECNN`) for
+    """Build the model ``kind`` (``cnn``: :class:`SimpleCNN`; ``se_cnn``: FedEAGD's :class:`SECNN`;
+    ``gn_cnn``: :class:`GroupNormCNN`; ``mlp``: :class:`MLP`; ``residual_mlp``: :class:`ResidualMLP`) for
     images of ``input_shape`` = (C, H, W); with ``seed`` the init is reproducible, so server and every
     client start from identical weights."""
     c, h, w = input_shape
-    classes = {"cnn": SimpleCNN, "se_cnn": SECNN, "gn_cnn": GroupNormCNN}
+    classes = {"cnn": SimpleCNN, "se_cnn": SECNN, "gn_cnn": GroupNormCNN, "mlp": MLP,
+               "residual_mlp": ResidualMLP}
     if kind not in classes:
         raise ValueError(f"unknown model kind {kind!r}; known: {', '.join(classes)}")
-    smallest = 8 if kind == "gn_cnn" else 4  # its 2x2 max-pools (three, or two) each halve the image
+    # the 2x2 max-pools (three, or two) each halve the image; an MLP takes any size
+    smallest = {"gn_cnn": 8, "mlp": 1, "residual_mlp": 1}.get(kind, 4)
     if h < smallest or w < smallest:
         raise DataError(f"images of {h}x{w} pixels are too small for model {kind}: it needs at least "
                         f"{smallest}x{smallest}")
@@ -232,6 +303,7 @@ def parameter_names(model: nn.Module, part: Part) -> list[str]:
 
 
 LAYER_SUBSETS = ("head", "last_conv_head", "last_two_conv_head", "all")
+CONV_SUBSET_BLOCKS = {"last_conv_head": 1, "last_two_conv_head": 2}  # the last blocks each subset takes
 
 
 def conv_block_names(model: nn.Module) -> list[list[str]]:
@@ -256,11 +328,13 @@ def layer_subset_names(model: nn.Module, subset: str) -> list[str]:
     blocks = conv_block_names(model)
     if subset == "head":
         return head
-    if subset == "last_conv_head":
-        return [*(blocks[-1] if blocks else []), *head]
-    if subset == "last_two_conv_head":
-        return [*(k for b in blocks[-2:] for k in b), *head]
-    raise ValueError(f"unknown layer subset {subset!r}; known: {', '.join(LAYER_SUBSETS)}")
+    if subset not in CONV_SUBSET_BLOCKS:
+        raise ValueError(f"unknown layer subset {subset!r}; known: {', '.join(LAYER_SUBSETS)}")
+    if len(blocks) < CONV_SUBSET_BLOCKS[subset]:  # else the subset would quietly be a smaller one
+        n = CONV_SUBSET_BLOCKS[subset]
+        raise ValueError(f"layer subset {subset} takes the model's last {n} convolutional block{'s' * (n > 1)}; "
+                         f"it has {len(blocks)}")
+    return [*(k for b in blocks[-CONV_SUBSET_BLOCKS[subset]:] for k in b), *head]
 
 
 def expand_head(model: nn.Module, num_outputs: int, seed: int | None = None) -> None:

@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping
 import yaml
 
 from fedpers.core.errors import ConfigError, shown
+from fedpers.core.synthetic import SYNTHETIC
 
 Value = bool | int | float | str
 ValuesCheck = Callable[[dict], None]  # a check of all values together; raises ConfigError
@@ -49,6 +50,25 @@ class Key:
     # FedProx); empty: every run reads it. A run of another method that sets it is warned, as for another
     # method's own key.
     read_by: tuple[str, ...] = ()
+    # The datasets a run reads this key with (``synthetic_alpha``: only ``dataset: synthetic``), or those it
+    # is not read with (the split keys: synthetic data are split by their generator); empty: every dataset.
+    # Set on another dataset, it is warned about and left out of the experiment fingerprint, as above.
+    datasets: tuple[str, ...] = ()
+    not_datasets: tuple[str, ...] = ()
+
+    def read_with(self, values: Mapping[str, Any]) -> bool:
+        """Whether a run with ``values`` reads this key (its method and its dataset)."""
+        if self.read_by and values.get("method") not in self.read_by:
+            return False
+        dataset = values.get("dataset")
+        return (not self.datasets or dataset in self.datasets) and dataset not in self.not_datasets
+
+    def readers(self) -> str:
+        """Who reads this key, where not every run does (``pfedkdh, fedprox``, ``dataset synthetic``)."""
+        parts = [", ".join(self.read_by)] if self.read_by else []
+        parts += [f"dataset {', '.join(self.datasets)}"] if self.datasets else []
+        parts += [f"datasets other than {', '.join(self.not_datasets)}"] if self.not_datasets else []
+        return "; ".join(parts)
 
 
 def positive(v: float) -> str | None:
@@ -126,30 +146,53 @@ def parse_id_list(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()]
 
 
+# The generated dataset (fedpers/core/synthetic.py): its own keys, and the split keys that do not apply to it
+# (its generator gives each client its own distribution)
+SYNTHETIC_ONLY = (SYNTHETIC,)
+
 CORE_KEYS: tuple[Key, ...] = (
     # --- what to run -------------------------------------------------------------------------
     Key("method", str, "pfedkdh", "federated method (see `fedpers methods`; checked by fedpers.registry.config)"),
     Key("dataset", str, "mnist",
-        "digits | mnist | fmnist | cifar10 | cifar100, or a path to a Keras-layout .npz file"),
+        "digits | mnist | fmnist | cifar10 | cifar100 | synthetic (the FedProx paper's Synthetic(alpha, beta), "
+        "generated per client: see synthetic_alpha), or a path to a Keras-layout .npz file"),
     Key("data_dir", str, "",
-        "directory holding <dataset>.npz or torchvision files; '' = ~/.cache/fedpers/data (download)"),
+        "directory holding <dataset>.npz or torchvision files; '' = ~/.cache/fedpers/data (download)",
+        not_datasets=SYNTHETIC_ONLY),
+    Key("synthetic_alpha", float, 1.0,
+        "dataset=synthetic: alpha of Synthetic(alpha, beta) (Li et al., MLSys 2020, Sec. 5.1): client k's "
+        "model W_k, b_k ~ N(u_k, 1) with u_k ~ N(0, alpha), how much the clients' labelling rules differ "
+        "(1, 1 is the paper's most heterogeneous setting)", non_negative, datasets=SYNTHETIC_ONLY),
+    Key("synthetic_beta", float, 1.0,
+        "dataset=synthetic: beta of Synthetic(alpha, beta) (Li et al., MLSys 2020, Sec. 5.1): client k's "
+        "input mean v_k ~ N(B_k, 1) with B_k ~ N(0, beta), how much the clients' inputs differ",
+        non_negative, datasets=SYNTHETIC_ONLY),
+    Key("synthetic_iid", bool, False,
+        "dataset=synthetic: the paper's Synthetic-IID instead (Li et al., MLSys 2020, Sec. 5.1): one W, b "
+        "shared by all clients, v_k = 0; synthetic_alpha and synthetic_beta are not read",
+        datasets=SYNTHETIC_ONLY),
     Key("partition", str, "dirichlet",
         "client split: dirichlet | pathological | iid | file | domain (one domain per client, needs domain ids) "
         "| flwr (a flwr-datasets partitioner, see flwr_partitioner)",
         one_of("dirichlet", "pathological", "iid", "file", "domain", "flwr")),
     Key("flwr_partitioner", str, "DirichletPartitioner",
-        "partition=flwr: class name of a flwr_datasets.partitioner (e.g. PathologicalPartitioner, ShardPartitioner)"),
+        "partition=flwr: class name of a flwr_datasets.partitioner (e.g. PathologicalPartitioner, ShardPartitioner)",
+        not_datasets=SYNTHETIC_ONLY),
     Key("flwr_partitioner_args", str, "",
         "partition=flwr: its keyword arguments as a YAML mapping, e.g. '{alpha: 0.3}' (num_partitions, "
-        "partition_by=label and seed are set unless given)"),
+        "partition_by=label and seed are set unless given)", not_datasets=SYNTHETIC_ONLY),
     Key("flwr_test_fraction", float, 0.25,
         "partition=flwr: share of each client's partition held out as its test split (ours: PFLlib's 75/25)",
-        unit_interval_open),
-    Key("partition_file", str, "", "partition.npz to take clients, splits and Ds from (partition=file)"),
-    Key("alpha", float, 0.05, "Dirichlet concentration of the class-wise label skew", positive),
-    Key("classes_per_client", int, 2, "classes per client for partition=pathological", at_least_one),
+        unit_interval_open, not_datasets=SYNTHETIC_ONLY),
+    Key("partition_file", str, "", "partition.npz to take clients, splits and Ds from (partition=file)",
+        not_datasets=SYNTHETIC_ONLY),
+    Key("alpha", float, 0.05, "Dirichlet concentration of the class-wise label skew", positive,
+        not_datasets=SYNTHETIC_ONLY),
+    Key("classes_per_client", int, 2, "classes per client for partition=pathological", at_least_one,
+        not_datasets=SYNTHETIC_ONLY),
     Key("min_samples_per_client", int, 10,
-        "a Dirichlet draw is redone until every client has this many train samples (ours)", at_least_one),
+        "a Dirichlet draw is redone until every client has this many train samples (ours)", at_least_one,
+        not_datasets=SYNTHETIC_ONLY),
     Key("num_clients", int, 20, "number of clients K", at_least_one),
     Key("fraction_fit", float, 0.5, "participation ratio rho: share of clients sampled per round",
         unit_interval_open_left),
@@ -174,8 +217,10 @@ CORE_KEYS: tuple[Key, ...] = (
         unit_interval_open_right),
     # --- model ---------------------------------------------------------------------------------
     Key("model_kind", str, "",
-        "model: '' = the method's own (cnn for most) | cnn | se_cnn | gn_cnn (JDFL paper's GroupNorm CNN)",
-        one_of("", "cnn", "se_cnn", "gn_cnn")),
+        "model: '' = the method's own (cnn for most; on dataset=synthetic mlp, residual_mlp for fedeagd) | cnn | "
+        "se_cnn | gn_cnn (JDFL paper's GroupNorm CNN) | mlp (one hidden layer, for vector data) | residual_mlp "
+        "(mlp with FedEAGD's gated residual branch)",
+        one_of("", "cnn", "se_cnn", "gn_cnn", "mlp", "residual_mlp")),
     Key("dropout", float, 0.25, "dropout rate of the CNN backbone (ours)", unit_interval_open_right),
     Key("feature_dim", int, 512, "width of the backbone's FC projection = head input (ours, as PFLlib)",
         at_least_one),
@@ -294,7 +339,7 @@ class Schema:
             return frozenset()
         read = self.owners_read(values)
         return frozenset(name for name, owner in self.owner_of.items() if owner not in read) | frozenset(
-            key.name for key in self.keys if key.read_by and values.get("method") not in key.read_by)
+            key.name for key in self.keys if not key.read_with(values))
 
     def suggest(self, name: str) -> str:
         """`` (did you mean 'x'?)`` for the closest key name, or ''."""
@@ -321,6 +366,10 @@ class Schema:
                 problem = key.check(values[key.name])
                 if problem:
                     raise ConfigError(f"config key '{key.name}': {problem}, got {shown(values[key.name])}")
+        if values["dataset"] in SYNTHETIC_ONLY and values["partition"] != self.by_name["partition"].default:
+            raise ConfigError(f"config key 'partition': dataset synthetic is split by its generator (each client "
+                              f"its own distribution), not by partition={values['partition']}; Synthetic-IID is "
+                              f"synthetic_iid=true")
         if values["partition"] == "file" and not values["partition_file"]:
             raise ConfigError("config key 'partition_file': partition=file needs partition_file: PATH")
         absent = [i for i in parse_id_list(values["faulty_clients"]) if i >= values["num_clients"]]

@@ -21,6 +21,14 @@ FEDFED_SHARED_DRAW = 7  # the server's draw of shared samples sent to a client, 
 VALIDATION_SPLIT = 8  # the draw of each client's validation split, (seed, stream): drawn once per run
 SERVER_TRAINING = 10**6  # server-side training (pFedKDH warm-up and recalibration): no client reaches it
 EVALUATION_SAMPLE = 10**6 + 1  # the clients evaluated in a round (eval_clients), (seed, stream, round)
+# Synthetic(alpha, beta) (fedpers/core/synthetic.py): every client's data is generated on demand from a stream
+# of its own, so that any process generates the same client without generating the others. Numbers above
+# 10**6, as the server's: (seed, stream, k) never meets a (seed, partition id, stream) or (seed, round, ...) one
+SYNTHETIC_SIZES = 10**6 + 2  # the number of samples of every client, (seed, stream): one O(K) vector
+SYNTHETIC_CLIENT = 10**6 + 3  # client k's model (u_k, B_k, W_k, b_k, v_k) and samples, (seed, stream, k)
+SYNTHETIC_IID_MODEL = 10**6 + 4  # the one (W, b) all clients share in the iid variant, (seed, stream)
+SYNTHETIC_TEST_CLIENTS = 10**6 + 5  # the clients whose test splits form the global test set, (seed, stream)
+SYNTHETIC_AUX = 10**6 + 6  # the server's set Ds: each sample's client and its draw, (seed, stream)
 JDFL_HEAD_OFFSET = 7919  # seed + this initialises JDFL's expanded head (server and clients agree)
 
 

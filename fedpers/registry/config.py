@@ -107,7 +107,7 @@ def ignored_key_names(cfg: Config, given: Iterable[str]) -> list[str]:
 def ignored_keys(cfg: Config, given: Iterable[str]) -> list[str]:
     """:func:`ignored_key_names` of ``given`` (keys a user set), each as ``"key (owner)"``."""
     schema = full_schema()
-    return [f"{name} ({', '.join(schema.by_name[name].read_by) or schema.owner_of[name]})"
+    return [f"{name} ({schema.by_name[name].readers() or schema.owner_of[name]})"
             for name in ignored_key_names(cfg, given)]
 
 

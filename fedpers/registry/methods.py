@@ -173,16 +173,37 @@ def client_for_message(cfg, context):
 
 
 def model_kind_of(cfg) -> str:
-    """Model kind of the run: ``cfg.model_kind`` when set, else the one the method's client declares."""
-    return str(cfg.get("model_kind", "")) or client_class_for(cfg).model_kind
+    """Model kind of the run (:func:`fedpers.core.models.model_kind_for`): ``cfg.model_kind`` when set, else
+    the one the method's client declares (on ``dataset: synthetic`` its vector-data counterpart)."""
+    from fedpers.core.models import model_kind_for
+
+    return model_kind_for(str(cfg.get("model_kind", "")), client_class_for(cfg).model_kind, str(cfg.dataset))
+
+
+def check_model_kind(cfg) -> None:
+    """Refuse a model the run's method cannot train, in one line naming the key: a method whose own model has
+    FedEAGD's gated residual branch given the plain ``mlp``, and a JDFL layer subset of convolutional blocks
+    on a model without any (it would quietly be a smaller subset)."""
+    from fedpers.core.errors import ConfigError
+    from fedpers.core.models import CONV_FREE_KINDS, CONV_SUBSET_BLOCKS, RESIDUAL_KINDS
+
+    kind, own = model_kind_of(cfg), client_class_for(cfg).model_kind
+    if own in RESIDUAL_KINDS and kind == "mlp":
+        raise ConfigError(f"config key 'model_kind': method {cfg.method} trains a gated residual branch, which "
+                          f"model mlp has not: use residual_mlp")
+    if JDFL.applies(cfg) and kind in CONV_FREE_KINDS and cfg.jdfl_layers in CONV_SUBSET_BLOCKS:
+        raise ConfigError(f"config key 'jdfl_layers': {cfg.jdfl_layers} takes convolutional blocks, which model "
+                          f"{kind} has none of: use jdfl_layers=head or all")
 
 
 def federation_for(cfg):
     """The run's Federation (:func:`fedpers.core.federation.get_federation`), checked to hold the auxiliary set
-    Ds when the method needs one (a partition file may leave none)."""
+    Ds when the method needs one (a partition file may leave none), after the run's model is checked to suit
+    its method (:func:`check_model_kind`): the one check of data and model before a run starts."""
     from fedpers.core.errors import DataError
     from fedpers.core.federation import get_federation
 
+    check_model_kind(cfg)
     fed = get_federation(cfg)
     if get_method(cfg.method).needs_aux and len(fed.partition.aux) == 0:
         source = f"partition file {cfg.partition_file}" if cfg.partition == "file" else "this split"
