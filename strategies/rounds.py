@@ -157,6 +157,7 @@ class ClientRoster:
         self.federation = federation
         self.partition_of: dict[str, int] = {}  # Flower node id (pooled: pool_client_id) -> partition id
         self._pooled: PooledClients | None = None
+        self._drawn: tuple[int, set[int]] = (0, set())  # (round, partitions drawn for fit up to it)
 
     def proxies(self, client_manager: ClientManager, server_round: int,
                 round_state: dict[str, Any] | None = None) -> dict[int, ClientProxy]:
@@ -219,10 +220,27 @@ class ClientRoster:
         drawn from (seed, EVALUATION_SAMPLE, round) alone, so every method of a sweep at one seed evaluates
         the same clients and their per-client comparisons stay paired."""
         k, m = self.federation.num_clients, self.cfg.eval_clients
+        rng = np.random.default_rng(derived_seed(self.cfg.seed, EVALUATION_SAMPLE, server_round))
+        if self.cfg.eval_among == "trained":
+            trained = self.drawn_for_fit_by(server_round)
+            if m <= 0 or m >= len(trained):
+                return set(trained)
+            return {int(trained[i]) for i in rng.choice(len(trained), size=m, replace=False)}
         if m <= 0 or m >= k:
             return None
-        rng = np.random.default_rng(derived_seed(self.cfg.seed, EVALUATION_SAMPLE, server_round))
         return {int(p) for p in rng.choice(k, size=m, replace=False)}
+
+    def drawn_for_fit_by(self, server_round: int) -> list[int]:
+        """The partition ids drawn for fit in rounds 1..``server_round`` (:meth:`fit_sample`'s seeded draws,
+        connected or not), sorted: the same for every method at one seed, so a sample drawn from them keeps
+        comparisons paired."""
+        k = self.federation.num_clients
+        m = clients_per_round(self.cfg.fraction_fit, k)
+        start, drawn = self._drawn if self._drawn[0] <= server_round else (0, set())
+        for r in range(start + 1, server_round + 1):
+            drawn.update(int(p) for p in np.random.default_rng([self.cfg.seed, r]).choice(k, size=m, replace=False))
+        self._drawn = (server_round, drawn)
+        return sorted(drawn)
 
     def max_samples(self, pid: Any) -> int | None:
         """Largest plausible sample count of an update: the config bound, else the client's train size."""
@@ -412,6 +430,8 @@ class RoundBook:
             # clients evaluated per evaluation round when a sample (eval_clients), else None: every client
             "evaluation_sample": (self.cfg.eval_clients
                                   if 0 < self.cfg.eval_clients < self.federation.num_clients else None),
+            # "trained": the evaluated clients were drawn among those drawn for fit so far (eval_among)
+            "evaluated_among": self.cfg.eval_among,
             "client_val_sizes": [len(v) for v in self.federation.partition.val or ()],
             "aux_size": len(self.federation.partition.aux),
             "config": self.cfg.to_dict(),

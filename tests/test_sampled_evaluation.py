@@ -53,3 +53,36 @@ def test_the_report_says_when_a_figure_is_a_sample(tmp_path):
     assert "average a sample of 100 clients per evaluation (eval_clients)" in md.read_text()
     md, _ = write_tables(sweep, {("FedPer", "mnist", 0.05): {**cell, "sample": None}}, tmp_path)
     assert "a sample of" not in md.read_text()
+
+
+def test_among_the_trained_the_draw_takes_only_clients_drawn_for_fit_so_far():
+    """eval_among=trained: the evaluated clients are drawn from the union of the rounds' fit draws up to the
+    evaluated round (all of them with eval_clients 0), the same for every method at one seed."""
+    import numpy as np
+
+    fedavg, fedper = (strategy(method=m, fraction_fit=0.25, eval_clients=3, eval_among="trained")
+                      for m in ("fedavg", "fedper"))
+    drawn = set()
+    for r in range(1, 6):
+        drawn |= {int(p) for p in np.random.default_rng([0, r]).choice(8, size=2, replace=False)}
+        assert fedavg.roster.drawn_for_fit_by(r) == sorted(drawn)
+        sample = fedavg.roster.evaluation_sample(r)
+        assert sample == fedper.roster.evaluation_sample(r)
+        assert sample <= drawn and len(sample) == min(3, len(drawn))
+    every = strategy(method="fedavg", fraction_fit=0.25, eval_among="trained")
+    assert every.roster.evaluation_sample(1) == set(every.roster.drawn_for_fit_by(1))
+    assert len(every.roster.evaluation_sample(1)) == 2
+    # the draws do not depend on the order the rounds are asked in (a resumed run asks a later round first)
+    assert strategy(method="fedavg", fraction_fit=0.25, eval_among="trained").roster.drawn_for_fit_by(5) == sorted(drawn)
+
+
+def test_a_record_among_the_trained_averages_only_clients_that_have_trained(tmp_path):
+    cfg = build_config(tiny_overrides(method="fedper", num_clients=6, fraction_fit=0.34, rounds=2,
+                                      eval_among="trained", out_dir=str(tmp_path)))
+    run_in_process(cfg)
+    rounds = read_metrics(tmp_path)
+    trained = set()
+    for r in rounds:
+        trained |= set(r["fit_clients"])
+        assert {int(k) for k in r["per_client_acc"]} == trained
+    assert read_summary(tmp_path)["evaluated_among"] == "trained"

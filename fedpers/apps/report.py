@@ -90,6 +90,8 @@ def collect(sweep: Sweep, runs: list[PlannedRun], *, value: str = "final",
                     if summary.get("client_label_counts"):
                         splits[run.seed] = summary["client_label_counts"]
                     sample = summary.get("evaluation_sample") or sample
+                    if summary.get("evaluated_among") == "trained":
+                        sample = f"{sample or 'all'} of the trained"
                 best = [max(curve, key=lambda point: point[1]) for curve in curves if curve]
                 cells[(entry.label, dataset, alpha)] = {"values": values, "seeds": seeds, "curves": curves,
                                                         "best": best, "splits": splits, "sample": sample}
@@ -166,8 +168,10 @@ def write_tables(sweep: Sweep, cells: dict, out: Path, *, value: str = "final",
         seeds += " (" + "; ".join(f"{', '.join(labels)}: {listed}" for listed, labels in own.items()) + ")"
     which = (f"every row: {metric}" if metric else "shared-model methods: global accuracy; personalized methods: "
              "personalized macro accuracy (equal weight per client) unless a row names its metric")
-    sampled = sorted({c["sample"] for c in cells.values() if c.get("sample")})
+    sampled = sorted({str(c["sample"]) for c in cells.values() if c.get("sample")})
     which += (f"; personalized figures average a sample of {', '.join(map(str, sampled))} clients per evaluation "
+              "(eval_clients, eval_among), not every client" if any("trained" in x for x in sampled) else
+              f"; personalized figures average a sample of {', '.join(sampled)} clients per evaluation "
               "(eval_clients), not every client" if sampled else "")
     bold = ("best mean per column in bold" if all(same_seeds.values()) else
             "best mean in bold only in a column whose rows finished the same seeds (means over different seeds "

@@ -231,6 +231,11 @@ CORE_KEYS: tuple[Key, ...] = (
         "clients evaluated per evaluation round: 0 (or >= num_clients) = all; else that many, drawn by a "
         "seeded stream of their own (seed, round), the same for every method at the same seed, so paired "
         "comparisons stay paired (ours)", non_negative),
+    Key("eval_among", str, "all",
+        "which clients an evaluation round evaluates: all = every client (or eval_clients of them) | trained = "
+        "those drawn for fit in this or an earlier round (or eval_clients of them, by the same seeded "
+        "stream): with 100,000 clients and 100 a round, a client drawn at random has almost never trained, "
+        "and a personalized model it never trained says nothing of the method (ours)", one_of("all", "trained")),
     Key("device", str, "auto", "auto (CUDA when present) | cpu | cuda", one_of("auto", "cpu", "cuda")),
     Key("client_cpus", float, 1.0, "CPUs per simulated client (Ray resources)", positive),
     Key("client_gpus", float, 0.0, "GPUs per simulated client, fractional allowed (Ray resources)",
