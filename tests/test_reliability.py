@@ -719,7 +719,7 @@ def test_certs_never_replace_a_users_file_nor_take_a_file_or_no_nodes(tmp_path):
     assert sorted(p.name for p in d.iterdir()) == ["server.key"] and (d / "server.key").read_text() == "my own key"
     f = tmp_path / "afile"
     f.write_text("x")
-    one_error_line(fedpers("deploy", "certs", "--out", str(f)), f"--out {f} is a file")
+    one_error_line(fedpers("deploy", "certs", "--out", str(f)), f"--out: {f} is a file")
     one_error_line(fedpers("deploy", "certs", "--out", str(tmp_path / "new"), "--nodes", "-2"), "--nodes must be >= 1")
     assert not (tmp_path / "new").exists()
 
@@ -823,3 +823,45 @@ def test_a_round_with_failures_waits_a_moment_for_a_stop(monkeypatch):
         assert time.monotonic() - start < 20  # woken by the stop, not by the grace's end
     finally:
         STOP_REQUESTED.clear()
+
+
+# --- hostile paths and deploy arguments: one line before any work ---------------------------------------------
+@pytest.mark.parametrize("command", ["run", "sweep"])
+@pytest.mark.parametrize("case", ["name_too_long", "dangling_symlink", "symlink_loop", "under_a_dangling_symlink"])
+def test_an_out_that_cannot_be_a_directory_says_what_it_is(tmp_path, command, case):
+    from fedpers.core.errors import cut
+
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "loop_a").symlink_to(tmp_path / "loop_b")
+    (tmp_path / "loop_b").symlink_to(tmp_path / "loop_a")
+    out, problem = {
+        "name_too_long": (tmp_path / ("x" * 300), "cannot be written (File name too long)"),
+        "dangling_symlink": (tmp_path / "dangling", f"is a dangling symlink to {tmp_path / 'nowhere'}"),
+        "symlink_loop": (tmp_path / "loop_a", "is a symlink loop"),
+        "under_a_dangling_symlink": (tmp_path / "dangling" / "run",
+                                     f"cannot be made: {tmp_path / 'dangling'} is a dangling symlink to "
+                                     f"{tmp_path / 'nowhere'}"),
+    }[case]
+    label = "--out (config key 'out_dir')" if command == "run" else "--out"
+    if command == "run":
+        proc = fedpers("run", *sets("rounds=1"), "--out", str(out))
+    else:
+        sweep = tmp_path / "s.yaml"
+        sweep.write_text("base: {rounds: 1}\ndatasets: [digits]\nalphas: [1.0]\nseeds: [0]\nmethods: [fedper]\n")
+        proc = fedpers("sweep", str(sweep), "--out", str(out))
+    assert one_error_line(proc) == f"fedpers: error: {label}: {cut(str(out))} {problem}"
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_refused_run_takes_back_the_folders_it_made_and_nothing_else(tmp_path):
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "notes.txt").write_text("mine")
+    missing = ["rounds=1", f"dataset={tmp_path / 'missing.npz'}"]
+    for out in (tmp_path / "new" / "a" / "b", keep / "new" / "run", keep):
+        proc = fedpers("run", *sets(*missing), "--out", str(out))
+        assert one_error_line(proc) == f"fedpers: error: data file not found: {tmp_path / 'missing.npz'}"
+    assert not (tmp_path / "new").exists()
+    assert sorted(p.name for p in keep.iterdir()) == ["notes.txt"] and (keep / "notes.txt").read_text() == "mine"
+
+

@@ -160,8 +160,15 @@ def warn_ignored_keys(cfg: Config, path: str | None, sets: list[str]) -> None:
 
 
 def preflight(cfg: Config, *, simulation: bool = True) -> None:
-    """Everything that can fail on bad input, done before Ray starts: device, data, partition, out dir and,
-    for a simulation, memory."""
+    """Everything that can fail on bad input, done before Ray starts: device, data, partition, out dir,
+    client state dir and, for a simulation, memory. A refused run leaves no folder it made behind."""
+    from fedpers.core.rundir import removed_if_refused
+
+    with removed_if_refused(cfg.out_dir, cfg.client_state_dir):
+        _preflight(cfg, simulation=simulation)
+
+
+def _preflight(cfg: Config, *, simulation: bool) -> None:
     from fedpers.apps.server_app import check_run_dir
     from fedpers.registry.methods import federation_for
     from fedpers.core.training import resolve_device
@@ -308,9 +315,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         for run in plan(sweep, args.out):
             print(run.run_dir)
         return 0
-    from fedpers.core.rundir import RunLock
-    from fedpers.apps.sweep import check_finished_runs, move_legacy_run_dirs, report_moves, write_plan
+    from fedpers.core.rundir import RunLock, removed_if_refused, writable_dir
+    from fedpers.apps.sweep import check_finished_runs, check_jobs, move_legacy_run_dirs, report_moves, write_plan
 
+    check_jobs(args.jobs)  # before the directory is made: a refused sweep leaves none behind
+    with removed_if_refused(args.out):
+        writable_dir(args.out, "--out")
     with RunLock(args.out):  # a second sweep on the same directory would run the same runs twice
         if args.report_only:
             report_moves(move_legacy_run_dirs(sweep, args.out), args.out, "sweep")

@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from fedpers.core.errors import FedpersError
+from fedpers.core.errors import FedpersError, shown
+from fedpers.core.rundir import removed_if_refused, writable_dir
 from fedpers.apps.processes import descendants, process_state, signal_pids, start_time
 
 FEDERATION = "fedpers"  # name of the SuperLink connection in the private FLWR_HOME
@@ -755,8 +756,8 @@ def make_certs(out: str | os.PathLike, nodes: int, hosts: Iterable[str], *, forc
     if not str(out).strip():
         raise FedpersError("--out must name a directory, not be empty")
     d = Path(out)
-    if d.exists() and not d.is_dir():
-        raise FedpersError(f"--out {d} is a file, not a directory")
+    with removed_if_refused(d):
+        writable_dir(d, "--out")
     existing = [p.name for p in (d / "ca.crt", d / "ca.key") if p.exists()]
     if existing and not force:
         raise FedpersError(f"{out} already holds a CA ({', '.join(existing)}): pass --force to replace it "
