@@ -826,6 +826,42 @@ def test_a_round_with_failures_waits_a_moment_for_a_stop(monkeypatch):
 
 
 # --- hostile paths and deploy arguments: one line before any work ---------------------------------------------
+@pytest.mark.parametrize("case", ["a_file", "under_a_file", "under_proc"])
+def test_a_client_state_dir_that_cannot_be_written_is_one_line_before_the_run(tmp_path, case):
+    """With client_state_spill every client writes its state only to client_state_dir: a path there that
+    cannot be a writable directory failed every fit in round 1 ("0 valid client updates")."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    state, problem = {"a_file": (afile, "is a file, not a directory"),
+                      "under_a_file": (afile / "state", "cannot be written (Not a directory)"),
+                      "under_proc": (Path("/proc/fedpers-state"), "cannot be written (")}[case]
+    out = tmp_path / "new" / "run"
+    proc = fedpers("run", *sets("rounds=1", "client_state_spill=true", f"client_state_dir={state}"),
+                   "--out", str(out), "--engine", "inprocess")
+    line = one_error_line(proc)
+    assert line.startswith(f"fedpers: error: config key 'client_state_dir': {state} {problem}"), line
+    assert case != "under_proc" or line.endswith(")")  # the kernel's reason, which it alone words
+    assert not (tmp_path / "new").exists()  # the folders made for --out were taken back
+
+
+def test_the_inprocess_engine_spills_client_state_as_the_ray_engine_does(tmp_path):
+    """Without client_state_dir the run's state lives in a folder of its own in --out, removed at its end
+    (every fit used to fail: no state dir); with one that does not exist yet, it is made up front and
+    holds each client's state files after the run."""
+    own = tmp_path / "own"
+    proc = fedpers("run", *sets("rounds=1", "client_state_spill=true"), "--out", str(own), "--engine", "inprocess")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    record = json.loads((own / "metrics.jsonl").read_text().splitlines()[0])
+    assert record["failed_clients"] == 0 and len(record["fit_clients"]) == 3 and record["client_state_consistent"]
+    assert not list(own.glob("client_state-*"))  # the run's own state folder went with the run
+    state = tmp_path / "state" / "spill"
+    proc = fedpers("run", *sets("rounds=1", "client_state_spill=true", f"client_state_dir={state}"),
+                   "--out", str(tmp_path / "given"), "--engine", "inprocess")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert {p.relative_to(state).as_posix() for p in state.rglob("*.npz")} == {
+        f"partition-{c}/personal.npz" for c in range(3)}
+
+
 @pytest.mark.parametrize("command", ["run", "sweep"])
 @pytest.mark.parametrize("case", ["name_too_long", "dangling_symlink", "symlink_loop", "under_a_dangling_symlink"])
 def test_an_out_that_cannot_be_a_directory_says_what_it_is(tmp_path, command, case):

@@ -180,13 +180,15 @@ def _preflight(cfg: Config, *, simulation: bool) -> None:
         from fedpers.core.results import wandb_module
 
         wandb_module()  # the optional extra is there, before the engine starts
-    from fedpers.core.rundir import live_run_holder
+    from fedpers.core.rundir import live_run_holder, writable_dir
 
     holder = live_run_holder(cfg.out_dir)
     if holder is not None:  # --overwrite and resume=true would both be refused by that run's lock
         raise FedpersError(f"{cfg.out_dir} is in use by a live fedpers run (pid {holder}): wait for it to end or "
                            "choose another --out (--overwrite and resume=true do not apply to a running run)")
     check_run_dir(cfg)
+    if cfg.client_state_dir:  # every client writes its state there (with client_state_spill, only there)
+        writable_dir(cfg.client_state_dir, "config key 'client_state_dir'")
     fed = federation_for(cfg)
     if cfg.ray_address:
         from fedpers.core.cluster import check_data_on_nodes

@@ -52,7 +52,16 @@ def run_in_process(cfg: Config, *, stop_after: int | None = None) -> None:
     """Run ``cfg`` in this process (``num_clients`` in-process clients); results land in ``cfg.out_dir``.
 
     ``resume: true`` continues after the checkpoint's round, as the ServerApp does; ``stop_after`` ends the
-    loop after that round's evaluate phase, as a server killed there would."""
+    loop after that round's evaluate phase, as a server killed there would. With ``client_state_spill`` and
+    no ``client_state_dir``, client state lives in a directory made for this run, as in the Ray engine
+    (:func:`fedpers.core.state_store.run_state_dir`)."""
+    from fedpers.core.state_store import run_state_dir
+
+    with run_state_dir(cfg) as run_cfg:
+        _run_rounds(run_cfg, stop_after)
+
+
+def _run_rounds(cfg: Config, stop_after: int | None) -> None:
     from fedpers.apps.server_app import round_loop, server_fn
     from fedpers.registry.methods import client_for_message
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import tempfile
 import threading
 from pathlib import Path
@@ -64,21 +63,12 @@ def write_app_dir(cfg: Config, directory: Path, *, code: bool = False) -> Path:
 
 def run_simulation(cfg: Config, verbose: bool = False) -> None:
     """Run ``cfg`` with ``num_clients`` simulated SuperNodes; results land in ``cfg.out_dir``.
-    With ``client_state_spill`` and no ``client_state_dir``, client state lives in a new directory
-    ``<out_dir>/client_state-XXXXXXXX`` made for this run (never one that existed before), removed when
-    the run ends."""
-    spill_dir = None
-    if cfg.client_state_spill and not cfg.client_state_dir:
-        # a directory of this run's own, created here: no earlier state is loaded and nothing the user
-        # had is removed
-        Path(cfg.out_dir).mkdir(parents=True, exist_ok=True)
-        spill_dir = Path(tempfile.mkdtemp(prefix="client_state-", dir=cfg.out_dir))
-        cfg = cfg.replace(client_state_dir=str(spill_dir))
-    try:
-        _run_in_engine(cfg, verbose)
-    finally:
-        if spill_dir is not None:
-            shutil.rmtree(spill_dir, ignore_errors=True)
+    With ``client_state_spill`` and no ``client_state_dir``, client state lives in a directory made for
+    this run (:func:`fedpers.core.state_store.run_state_dir`)."""
+    from fedpers.core.state_store import run_state_dir
+
+    with run_state_dir(cfg) as run_cfg:
+        _run_in_engine(run_cfg, verbose)
 
 
 class _NoTracebacks(logging.Filter):
