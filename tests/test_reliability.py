@@ -700,14 +700,64 @@ def test_values_that_would_fail_after_the_engine_started_are_refused_at_config_t
     one_error_line(fedpers("config", *[a for s_ in sets_ for a in ("--set", s_)]), needle)
 
 
-def test_an_unreachable_ray_address_is_one_line(tmp_path):
+def _free_port() -> int:
     import socket
 
     with socket.socket() as s_:  # a port nothing listens on once this socket is closed
         s_.bind(("127.0.0.1", 0))
-        port = s_.getsockname()[1]
-    one_error_line(fedpers("run", *sets("rounds=1", f"ray_address=127.0.0.1:{port}"), "--out", str(tmp_path / "o")),
-                   f"config key 'ray_address': no Ray cluster answers at 127.0.0.1:{port}")
+        return s_.getsockname()[1]
+
+
+@pytest.mark.parametrize("server", ["closed_port", "http_server", "silent_tcp_server"])
+def test_a_ray_address_that_is_not_a_ray_head_is_one_line_within_seconds(tmp_path, capsys, server):
+    """A closed port, a web server and a TCP server that never answers are each one line naming
+    ``ray_address`` within seconds: ``ray.init`` would retry the open ones for minutes, one warning a time.
+    The CLI runs in this process (as tests/test_deploy.py's do), so that the seconds measured are the
+    check's, not a new interpreter's start-up on a busy machine."""
+    import http.server
+    import socket
+    import threading
+
+    from fedpers.apps.cli import main
+    from fedpers.registry.config import load_config
+
+    load_config(None, [])  # the config's imports (torch) before the clock starts
+    listener = None
+    if server == "closed_port":
+        port = _free_port()
+        reason = "Connection refused"
+    elif server == "http_server":
+        class Quiet(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:  # the error line must be the only line on stderr
+                pass
+
+        listener = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+        threading.Thread(target=listener.serve_forever, daemon=True).start()
+        port = listener.server_address[1]
+        reason = "a server listens there but does not speak gRPC: not a Ray head's GCS port"
+    else:
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()  # connections are accepted by the kernel and never answered
+        port = listener.getsockname()[1]
+        reason = "a server listens there but gave no gRPC answer within 3 s: not a Ray head's GCS port"
+    try:
+        started = time.monotonic()
+        code = main(["run", *sets("rounds=1", f"ray_address=127.0.0.1:{port}"), "--out", str(tmp_path / "o")])
+        took = time.monotonic() - started
+    finally:
+        if isinstance(listener, socket.socket):
+            listener.close()
+        elif listener is not None:
+            listener.shutdown()
+            listener.server_close()
+    captured = capsys.readouterr()
+    assert code == 2
+    assert captured.err.splitlines() == [
+        f"fedpers: error: config key 'ray_address': no Ray cluster answers at 127.0.0.1:{port} ({reason})"]
+    assert captured.out == ""  # nothing ran before the refusal
+    assert took < 10, f"the refusal took {took:.1f} s"
+    assert not (tmp_path / "o").exists()
 
 
 def test_certs_never_replace_a_users_file_nor_take_a_file_or_no_nodes(tmp_path):

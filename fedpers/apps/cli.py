@@ -173,6 +173,10 @@ def _preflight(cfg: Config, *, simulation: bool) -> None:
     from fedpers.registry.methods import federation_for
     from fedpers.core.training import resolve_device
 
+    if cfg.ray_address:  # first: a wrong address is one line within seconds, before data is loaded
+        from fedpers.core.cluster import check_reachable
+
+        check_reachable(cfg.ray_address)
     resolve_device(cfg.device)
     if simulation and not cfg.ray_address:
         check_client_resources(cfg)
