@@ -770,7 +770,7 @@ def test_certs_never_replace_a_users_file_nor_take_a_file_or_no_nodes(tmp_path):
     f = tmp_path / "afile"
     f.write_text("x")
     one_error_line(fedpers("deploy", "certs", "--out", str(f)), f"--out: {f} is a file")
-    one_error_line(fedpers("deploy", "certs", "--out", str(tmp_path / "new"), "--nodes", "-2"), "--nodes must be >= 1")
+    one_error_line(fedpers("deploy", "certs", "--out", str(tmp_path / "new"), "--nodes", "-2"), "--nodes must be 1..1000")
     assert not (tmp_path / "new").exists()
 
 
@@ -876,6 +876,12 @@ def test_a_round_with_failures_waits_a_moment_for_a_stop(monkeypatch):
 
 
 # --- hostile paths and deploy arguments: one line before any work ---------------------------------------------
+def _refused_before_work(proc: subprocess.CompletedProcess, line: str, out: Path) -> None:
+    """``proc`` printed exactly ``line`` (exit 2) and left no ``out`` behind (it did not exist before)."""
+    assert one_error_line(proc) == line
+    assert not os.path.lexists(out), "a refused run left the --out it made"
+
+
 @pytest.mark.parametrize("case", ["a_file", "under_a_file", "under_proc"])
 def test_a_client_state_dir_that_cannot_be_written_is_one_line_before_the_run(tmp_path, case):
     """With client_state_spill every client writes its state only to client_state_dir: a path there that
@@ -951,3 +957,53 @@ def test_a_refused_run_takes_back_the_folders_it_made_and_nothing_else(tmp_path)
     assert sorted(p.name for p in keep.iterdir()) == ["notes.txt"] and (keep / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.parametrize("args, line", [
+    (["--host", "a b/c"], "--host 'a b/c': not a DNS name (letters, digits, hyphens and dots, each label at most "
+                          "63 characters) or an IP address"),
+    (["--host=-edge.example.org"], "--host '-edge.example.org': not a DNS name (letters, digits, hyphens and dots, "
+                                   "each label at most 63 characters) or an IP address"),
+    (["--nodes", "100000"], "--nodes must be 1..1000 (one key pair per SuperNode), got 100000"),
+], ids=["space_and_slash", "leading_hyphen", "too_many_nodes"])
+def test_certs_refuse_a_bad_host_name_or_node_count_before_writing(tmp_path, args, line):
+    started = time.monotonic()
+    proc = fedpers("deploy", "certs", "--out", str(tmp_path / "pki"), *args)
+    _refused_before_work(proc, f"fedpers: error: {line}", tmp_path / "pki")
+    assert time.monotonic() - started < 5
+
+
+def test_certs_take_dns_names_and_ip_addresses(tmp_path):
+    from fedpers.apps.deploy import DEFAULT_CERT_HOSTS, cert_hosts, is_host_name
+
+    assert cert_hosts(["fl.example.org", "10.0.0.7", "::1", "edge-1"]) == [
+        *DEFAULT_CERT_HOSTS, "fl.example.org", "10.0.0.7", "::1", "edge-1"]
+    assert is_host_name(".".join(["a"] * 127))  # 253 characters, the most a DNS name has
+    assert not any(map(is_host_name, ["a b", "a/b", "a..b", "-a", "a-", "a_b", "x" * 64, ".".join(["a"] * 128)]))
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--clients", "2", "--set", "num_clients=5"],
+     "--clients 2 and --set num_clients=5 disagree: each SuperNode is one client; give one of them"),
+    (["--clients", "2", "--timeout", "-5"], "--timeout must be a number of seconds > 0, got -5"),
+    (["--timeout", "nan"], "--timeout must be a number of seconds > 0, got nan"),
+], ids=["clients_and_num_clients", "negative_timeout", "nan_timeout"])
+def test_deploy_local_refuses_contradicting_or_bad_arguments_before_anything_starts(tmp_path, args, line):
+    started = time.monotonic()
+    proc = fedpers("deploy", "local", *args, "--out", str(tmp_path / "o"))
+    _refused_before_work(proc, f"fedpers: error: {line}", tmp_path / "o")
+    assert time.monotonic() - started < 5  # no data loaded, no process started
+
+
+def test_deploy_local_takes_num_clients_from_the_config_or_from_clients(tmp_path, monkeypatch):
+    """--clients alone sets num_clients over the config file's (as a --set would); without --clients the
+    run has the config's num_clients; the same number given twice is no contradiction."""
+    from fedpers.apps import cli, deploy
+
+    ran = []
+    monkeypatch.setattr(cli, "preflight", lambda cfg, simulation: None)
+    monkeypatch.setattr(deploy, "deploy_local", lambda cfg, clients, out, **kw: ran.append(
+        (cfg.num_clients, clients)) or {"metric": "m", "final": {"m": 1.0}})
+    config = tmp_path / "c.yaml"
+    config.write_text("num_clients: 10\n")
+    for args in (["--clients", "3", str(config)], [str(config)], ["--set", "num_clients=4", "--clients", "4"]):
+        assert cli.main(["deploy", "local", *args, "--out", str(tmp_path / "o")]) == 0
+    assert ran == [(3, 3), (10, 10), (4, 4)]
