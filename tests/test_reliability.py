@@ -700,14 +700,64 @@ def test_values_that_would_fail_after_the_engine_started_are_refused_at_config_t
     one_error_line(fedpers("config", *[a for s_ in sets_ for a in ("--set", s_)]), needle)
 
 
-def test_an_unreachable_ray_address_is_one_line(tmp_path):
+def _free_port() -> int:
     import socket
 
     with socket.socket() as s_:  # a port nothing listens on once this socket is closed
         s_.bind(("127.0.0.1", 0))
-        port = s_.getsockname()[1]
-    one_error_line(fedpers("run", *sets("rounds=1", f"ray_address=127.0.0.1:{port}"), "--out", str(tmp_path / "o")),
-                   f"config key 'ray_address': no Ray cluster answers at 127.0.0.1:{port}")
+        return s_.getsockname()[1]
+
+
+@pytest.mark.parametrize("server", ["closed_port", "http_server", "silent_tcp_server"])
+def test_a_ray_address_that_is_not_a_ray_head_is_one_line_within_seconds(tmp_path, capsys, server):
+    """A closed port, a web server and a TCP server that never answers are each one line naming
+    ``ray_address`` within seconds: ``ray.init`` would retry the open ones for minutes, one warning a time.
+    The CLI runs in this process (as tests/test_deploy.py's do), so that the seconds measured are the
+    check's, not a new interpreter's start-up on a busy machine."""
+    import http.server
+    import socket
+    import threading
+
+    from fedpers.apps.cli import main
+    from fedpers.registry.config import load_config
+
+    load_config(None, [])  # the config's imports (torch) before the clock starts
+    listener = None
+    if server == "closed_port":
+        port = _free_port()
+        reason = "Connection refused"
+    elif server == "http_server":
+        class Quiet(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:  # the error line must be the only line on stderr
+                pass
+
+        listener = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+        threading.Thread(target=listener.serve_forever, daemon=True).start()
+        port = listener.server_address[1]
+        reason = "a server listens there but does not speak gRPC: not a Ray head's GCS port"
+    else:
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()  # connections are accepted by the kernel and never answered
+        port = listener.getsockname()[1]
+        reason = "a server listens there but gave no gRPC answer within 3 s: not a Ray head's GCS port"
+    try:
+        started = time.monotonic()
+        code = main(["run", *sets("rounds=1", f"ray_address=127.0.0.1:{port}"), "--out", str(tmp_path / "o")])
+        took = time.monotonic() - started
+    finally:
+        if isinstance(listener, socket.socket):
+            listener.close()
+        elif listener is not None:
+            listener.shutdown()
+            listener.server_close()
+    captured = capsys.readouterr()
+    assert code == 2
+    assert captured.err.splitlines() == [
+        f"fedpers: error: config key 'ray_address': no Ray cluster answers at 127.0.0.1:{port} ({reason})"]
+    assert captured.out == ""  # nothing ran before the refusal
+    assert took < 10, f"the refusal took {took:.1f} s"
+    assert not (tmp_path / "o").exists()
 
 
 def test_certs_never_replace_a_users_file_nor_take_a_file_or_no_nodes(tmp_path):
@@ -719,8 +769,8 @@ def test_certs_never_replace_a_users_file_nor_take_a_file_or_no_nodes(tmp_path):
     assert sorted(p.name for p in d.iterdir()) == ["server.key"] and (d / "server.key").read_text() == "my own key"
     f = tmp_path / "afile"
     f.write_text("x")
-    one_error_line(fedpers("deploy", "certs", "--out", str(f)), f"--out {f} is a file")
-    one_error_line(fedpers("deploy", "certs", "--out", str(tmp_path / "new"), "--nodes", "-2"), "--nodes must be >= 1")
+    one_error_line(fedpers("deploy", "certs", "--out", str(f)), f"--out: {f} is a file")
+    one_error_line(fedpers("deploy", "certs", "--out", str(tmp_path / "new"), "--nodes", "-2"), "--nodes must be 1..1000")
     assert not (tmp_path / "new").exists()
 
 
@@ -823,3 +873,137 @@ def test_a_round_with_failures_waits_a_moment_for_a_stop(monkeypatch):
         assert time.monotonic() - start < 20  # woken by the stop, not by the grace's end
     finally:
         STOP_REQUESTED.clear()
+
+
+# --- hostile paths and deploy arguments: one line before any work ---------------------------------------------
+def _refused_before_work(proc: subprocess.CompletedProcess, line: str, out: Path) -> None:
+    """``proc`` printed exactly ``line`` (exit 2) and left no ``out`` behind (it did not exist before)."""
+    assert one_error_line(proc) == line
+    assert not os.path.lexists(out), "a refused run left the --out it made"
+
+
+@pytest.mark.parametrize("case", ["a_file", "under_a_file", "under_proc"])
+def test_a_client_state_dir_that_cannot_be_written_is_one_line_before_the_run(tmp_path, case):
+    """With client_state_spill every client writes its state only to client_state_dir: a path there that
+    cannot be a writable directory failed every fit in round 1 ("0 valid client updates")."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    state, problem = {"a_file": (afile, "is a file, not a directory"),
+                      "under_a_file": (afile / "state", "cannot be written (Not a directory)"),
+                      "under_proc": (Path("/proc/fedpers-state"), "cannot be written (")}[case]
+    out = tmp_path / "new" / "run"
+    proc = fedpers("run", *sets("rounds=1", "client_state_spill=true", f"client_state_dir={state}"),
+                   "--out", str(out), "--engine", "inprocess")
+    line = one_error_line(proc)
+    assert line.startswith(f"fedpers: error: config key 'client_state_dir': {state} {problem}"), line
+    assert case != "under_proc" or line.endswith(")")  # the kernel's reason, which it alone words
+    assert not (tmp_path / "new").exists()  # the folders made for --out were taken back
+
+
+def test_the_inprocess_engine_spills_client_state_as_the_ray_engine_does(tmp_path):
+    """Without client_state_dir the run's state lives in a folder of its own in --out, removed at its end
+    (every fit used to fail: no state dir); with one that does not exist yet, it is made up front and
+    holds each client's state files after the run."""
+    own = tmp_path / "own"
+    proc = fedpers("run", *sets("rounds=1", "client_state_spill=true"), "--out", str(own), "--engine", "inprocess")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    record = json.loads((own / "metrics.jsonl").read_text().splitlines()[0])
+    assert record["failed_clients"] == 0 and len(record["fit_clients"]) == 3 and record["client_state_consistent"]
+    assert not list(own.glob("client_state-*"))  # the run's own state folder went with the run
+    state = tmp_path / "state" / "spill"
+    proc = fedpers("run", *sets("rounds=1", "client_state_spill=true", f"client_state_dir={state}"),
+                   "--out", str(tmp_path / "given"), "--engine", "inprocess")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert {p.relative_to(state).as_posix() for p in state.rglob("*.npz")} == {
+        f"partition-{c}/personal.npz" for c in range(3)}
+
+
+@pytest.mark.parametrize("command", ["run", "sweep"])
+@pytest.mark.parametrize("case", ["name_too_long", "dangling_symlink", "symlink_loop", "under_a_dangling_symlink"])
+def test_an_out_that_cannot_be_a_directory_says_what_it_is(tmp_path, command, case):
+    from fedpers.core.errors import cut
+
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "loop_a").symlink_to(tmp_path / "loop_b")
+    (tmp_path / "loop_b").symlink_to(tmp_path / "loop_a")
+    out, problem = {
+        "name_too_long": (tmp_path / ("x" * 300), "cannot be written (File name too long)"),
+        "dangling_symlink": (tmp_path / "dangling", f"is a dangling symlink to {tmp_path / 'nowhere'}"),
+        "symlink_loop": (tmp_path / "loop_a", "is a symlink loop"),
+        "under_a_dangling_symlink": (tmp_path / "dangling" / "run",
+                                     f"cannot be made: {tmp_path / 'dangling'} is a dangling symlink to "
+                                     f"{tmp_path / 'nowhere'}"),
+    }[case]
+    label = "--out (config key 'out_dir')" if command == "run" else "--out"
+    if command == "run":
+        proc = fedpers("run", *sets("rounds=1"), "--out", str(out))
+    else:
+        sweep = tmp_path / "s.yaml"
+        sweep.write_text("base: {rounds: 1}\ndatasets: [digits]\nalphas: [1.0]\nseeds: [0]\nmethods: [fedper]\n")
+        proc = fedpers("sweep", str(sweep), "--out", str(out))
+    assert one_error_line(proc) == f"fedpers: error: {label}: {cut(str(out))} {problem}"
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_refused_run_takes_back_the_folders_it_made_and_nothing_else(tmp_path):
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "notes.txt").write_text("mine")
+    missing = ["rounds=1", f"dataset={tmp_path / 'missing.npz'}"]
+    for out in (tmp_path / "new" / "a" / "b", keep / "new" / "run", keep):
+        proc = fedpers("run", *sets(*missing), "--out", str(out))
+        assert one_error_line(proc) == f"fedpers: error: data file not found: {tmp_path / 'missing.npz'}"
+    assert not (tmp_path / "new").exists()
+    assert sorted(p.name for p in keep.iterdir()) == ["notes.txt"] and (keep / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--host", "a b/c"], "--host 'a b/c': not a DNS name (letters, digits, hyphens and dots, each label at most "
+                          "63 characters) or an IP address"),
+    (["--host=-edge.example.org"], "--host '-edge.example.org': not a DNS name (letters, digits, hyphens and dots, "
+                                   "each label at most 63 characters) or an IP address"),
+    (["--nodes", "100000"], "--nodes must be 1..1000 (one key pair per SuperNode), got 100000"),
+], ids=["space_and_slash", "leading_hyphen", "too_many_nodes"])
+def test_certs_refuse_a_bad_host_name_or_node_count_before_writing(tmp_path, args, line):
+    started = time.monotonic()
+    proc = fedpers("deploy", "certs", "--out", str(tmp_path / "pki"), *args)
+    _refused_before_work(proc, f"fedpers: error: {line}", tmp_path / "pki")
+    assert time.monotonic() - started < 5
+
+
+def test_certs_take_dns_names_and_ip_addresses(tmp_path):
+    from fedpers.apps.deploy import DEFAULT_CERT_HOSTS, cert_hosts, is_host_name
+
+    assert cert_hosts(["fl.example.org", "10.0.0.7", "::1", "edge-1"]) == [
+        *DEFAULT_CERT_HOSTS, "fl.example.org", "10.0.0.7", "::1", "edge-1"]
+    assert is_host_name(".".join(["a"] * 127))  # 253 characters, the most a DNS name has
+    assert not any(map(is_host_name, ["a b", "a/b", "a..b", "-a", "a-", "a_b", "x" * 64, ".".join(["a"] * 128)]))
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--clients", "2", "--set", "num_clients=5"],
+     "--clients 2 and --set num_clients=5 disagree: each SuperNode is one client; give one of them"),
+    (["--clients", "2", "--timeout", "-5"], "--timeout must be a number of seconds > 0, got -5"),
+    (["--timeout", "nan"], "--timeout must be a number of seconds > 0, got nan"),
+], ids=["clients_and_num_clients", "negative_timeout", "nan_timeout"])
+def test_deploy_local_refuses_contradicting_or_bad_arguments_before_anything_starts(tmp_path, args, line):
+    started = time.monotonic()
+    proc = fedpers("deploy", "local", *args, "--out", str(tmp_path / "o"))
+    _refused_before_work(proc, f"fedpers: error: {line}", tmp_path / "o")
+    assert time.monotonic() - started < 5  # no data loaded, no process started
+
+
+def test_deploy_local_takes_num_clients_from_the_config_or_from_clients(tmp_path, monkeypatch):
+    """--clients alone sets num_clients over the config file's (as a --set would); without --clients the
+    run has the config's num_clients; the same number given twice is no contradiction."""
+    from fedpers.apps import cli, deploy
+
+    ran = []
+    monkeypatch.setattr(cli, "preflight", lambda cfg, simulation: None)
+    monkeypatch.setattr(deploy, "deploy_local", lambda cfg, clients, out, **kw: ran.append(
+        (cfg.num_clients, clients)) or {"metric": "m", "final": {"m": 1.0}})
+    config = tmp_path / "c.yaml"
+    config.write_text("num_clients: 10\n")
+    for args in (["--clients", "3", str(config)], [str(config)], ["--set", "num_clients=4", "--clients", "4"]):
+        assert cli.main(["deploy", "local", *args, "--out", str(tmp_path / "o")]) == 0
+    assert ran == [(3, 3), (10, 10), (4, 4)]

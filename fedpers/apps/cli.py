@@ -8,7 +8,7 @@
     fedpers report DIR                                          table.md/.csv and PNG figures of a sweep
     fedpers data import-folder TREE --out FILE.npz [--size N]   an image-folder tree as a dataset .npz
     fedpers docs [--check]                                      README's generated blocks from claims.json
-    fedpers deploy local --clients N [CONFIG.yaml] [--set ...] --out DIR   SuperLink + N SuperNodes, TLS
+    fedpers deploy local [--clients N] [CONFIG.yaml] [--set ...] --out DIR SuperLink + N SuperNodes, TLS
     fedpers deploy restart-node --out DIR N                     SuperNode N of that deployment, again
 
 Bad input (unknown key, wrong type, missing data file, impossible split) prints one line
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import sys
@@ -29,7 +30,7 @@ import time
 
 import yaml
 
-from fedpers.registry.config import Config, full_schema, load_config
+from fedpers.registry.config import Config, core_value, full_schema, load_config, parse_set_arguments
 from fedpers.core.errors import STOP_REQUESTED, EngineError, FedpersError, Interrupted, cut
 from fedpers.apps.processes import kill_own_tree, own_tree  # no import inside the signal handler
 
@@ -112,13 +113,15 @@ def _parser() -> argparse.ArgumentParser:
     dsub = deploy.add_subparsers(dest="deploy_command", required=True)
     local = dsub.add_parser("local", help="run one experiment on a SuperLink and N SuperNodes on 127.0.0.1")
     local.add_argument("config", nargs="?", help="YAML file of config keys (default: schema defaults)")
-    local.add_argument("--clients", type=int, required=True, help="number of SuperNodes (= num_clients)")
+    local.add_argument("--clients", type=int, default=None,
+                       help="number of SuperNodes, one per client: sets num_clients over the config file's "
+                            "(default: num_clients; with --set num_clients=N, N must be the same)")
     local.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     local.add_argument("--out", required=True, help="output directory (results, logs, keys, state)")
     local.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
     local.add_argument("--isolation", choices=("subprocess", "process"), default="subprocess",
                        help="ClientApp isolation of the SuperNodes (default: subprocess)")
-    local.add_argument("--timeout", type=float, default=3600.0, help="seconds the run may take (default 3600)")
+    local.add_argument("--timeout", type=float, default=3600.0, help="seconds the run may take, > 0 (default 3600)")
     restart = dsub.add_parser("restart-node", help="start SuperNode N of a running `deploy local` again (e.g. after "
                               "it was killed); works at once: a refusal is retried for up to 150 s")
     restart.add_argument("--out", required=True, help="the --out directory of the running `fedpers deploy local`")
@@ -160,12 +163,23 @@ def warn_ignored_keys(cfg: Config, path: str | None, sets: list[str]) -> None:
 
 
 def preflight(cfg: Config, *, simulation: bool = True) -> None:
-    """Everything that can fail on bad input, done before Ray starts: device, data, partition, out dir and,
-    for a simulation, memory."""
+    """Everything that can fail on bad input, done before Ray starts: device, data, partition, out dir,
+    client state dir and, for a simulation, memory. A refused run leaves no folder it made behind."""
+    from fedpers.core.rundir import removed_if_refused
+
+    with removed_if_refused(cfg.out_dir, cfg.client_state_dir):
+        _preflight(cfg, simulation=simulation)
+
+
+def _preflight(cfg: Config, *, simulation: bool) -> None:
     from fedpers.apps.server_app import check_run_dir
     from fedpers.registry.methods import federation_for
     from fedpers.core.training import resolve_device
 
+    if cfg.ray_address:  # first: a wrong address is one line within seconds, before data is loaded
+        from fedpers.core.cluster import check_reachable
+
+        check_reachable(cfg.ray_address)
     resolve_device(cfg.device)
     if simulation and not cfg.ray_address:
         check_client_resources(cfg)
@@ -173,13 +187,15 @@ def preflight(cfg: Config, *, simulation: bool = True) -> None:
         from fedpers.core.results import wandb_module
 
         wandb_module()  # the optional extra is there, before the engine starts
-    from fedpers.core.rundir import live_run_holder
+    from fedpers.core.rundir import live_run_holder, writable_dir
 
     holder = live_run_holder(cfg.out_dir)
     if holder is not None:  # --overwrite and resume=true would both be refused by that run's lock
         raise FedpersError(f"{cfg.out_dir} is in use by a live fedpers run (pid {holder}): wait for it to end or "
                            "choose another --out (--overwrite and resume=true do not apply to a running run)")
     check_run_dir(cfg)
+    if cfg.client_state_dir:  # every client writes its state there (with client_state_spill, only there)
+        writable_dir(cfg.client_state_dir, "config key 'client_state_dir'")
     fed = federation_for(cfg)
     if cfg.ray_address:
         from fedpers.core.cluster import check_data_on_nodes
@@ -310,9 +326,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         for run in plan(sweep, args.out):
             print(run.run_dir)
         return 0
-    from fedpers.core.rundir import RunLock
-    from fedpers.apps.sweep import check_finished_runs, move_legacy_run_dirs, report_moves, write_plan
+    from fedpers.core.rundir import RunLock, removed_if_refused, writable_dir
+    from fedpers.apps.sweep import check_finished_runs, check_jobs, move_legacy_run_dirs, report_moves, write_plan
 
+    check_jobs(args.jobs)  # before the directory is made: a refused sweep leaves none behind
+    with removed_if_refused(args.out):
+        writable_dir(args.out, "--out")
     with RunLock(args.out):  # a second sweep on the same directory would run the same runs twice
         if args.report_only:
             report_moves(move_legacy_run_dirs(sweep, args.out), args.out, "sweep")
@@ -433,14 +452,25 @@ def cmd_deploy(args: argparse.Namespace) -> int:
               f"{record['node']['log']}); it rejoins once the SuperLink lets its key in (retried for up to "
               f"{deploy.DEFAULT_RETRY_FOR:.0f} s)", flush=True)
         return 0
-    if args.clients < 1:
+    # every argument is checked before anything starts: the CA, nginx and the SuperNodes are not made or
+    # started for a run that is refused afterwards
+    if args.clients is not None and args.clients < 1:
         raise FedpersError("--clients must be >= 1")
-    cfg = load_config(args.config, args.sets + [f"num_clients={args.clients}"], out_dir=args.out,
-                      **({"overwrite": True} if args.overwrite else {}))
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise FedpersError(f"--timeout must be a number of seconds > 0, got {args.timeout:g}")
+    sets = list(args.sets)
+    if args.clients is not None:
+        given = parse_set_arguments(args.sets).get("num_clients")
+        if given is None:
+            sets.append(f"num_clients={args.clients}")  # over the config file's, as a --set would be
+        elif core_value("num_clients", given) != args.clients:
+            raise FedpersError(f"--clients {args.clients} and --set num_clients={core_value('num_clients', given)} "
+                               "disagree: each SuperNode is one client; give one of them")
+    cfg = load_config(args.config, sets, out_dir=args.out, **({"overwrite": True} if args.overwrite else {}))
     warn_ignored_keys(cfg, args.config, args.sets)
     preflight(cfg, simulation=False)
     t0 = time.perf_counter()
-    summary = deploy.deploy_local(cfg, args.clients, args.out, isolation=args.isolation, timeout=args.timeout)
+    summary = deploy.deploy_local(cfg, cfg.num_clients, args.out, isolation=args.isolation, timeout=args.timeout)
     metric = summary["metric"]
     print(f"fedpers | deploy done in {time.perf_counter() - t0:.1f} s: final {metric} = "
           f"{summary['final'].get(metric)} | {args.out}/metrics.jsonl, {args.out}/summary.json", flush=True)

@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from fedpers.core.errors import FedpersError
+from fedpers.core.errors import FedpersError, shown
+from fedpers.core.rundir import removed_if_refused, writable_dir
 from fedpers.apps.processes import descendants, process_state, signal_pids, start_time
 
 FEDERATION = "fedpers"  # name of the SuperLink connection in the private FLWR_HOME
@@ -745,10 +746,35 @@ def _raise_interrupt(signum, frame) -> None:
 DEFAULT_CERT_HOSTS = ("fleet-proxy", "runtime-proxy", "superlink", "localhost", "127.0.0.1")
 
 
+# `fedpers deploy certs --nodes` at most: one key pair per SuperNode an operator provisions by hand from one
+# folder. A fleet beyond this is not run from one folder of private keys, and a slip of the keyboard (an
+# extra zero) would otherwise write hundreds of thousands of key files for minutes before anyone noticed.
+MAX_CERT_NODES = 1000
+# One label of a DNS name (RFC 1123): letters, digits and hyphens, 1 to 63 of them, no hyphen at either end.
+_DNS_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def is_host_name(host: str) -> bool:
+    """Whether ``host`` can name a server in a certificate: an IP address, or a DNS name of RFC 1123 labels
+    (at most 253 characters)."""
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    return len(host) <= 253 and all(_DNS_LABEL.fullmatch(label) for label in host.split("."))
+
+
 def cert_hosts(extra: Iterable[str] = ()) -> list[str]:
     """The SuperLink certificate's names: :data:`DEFAULT_CERT_HOSTS`, then each of ``extra`` not among them
-    (in order, without repeats)."""
-    return list(dict.fromkeys([*DEFAULT_CERT_HOSTS, *(h.strip() for h in extra if h.strip())]))
+    (in order, without repeats). A name that is neither a DNS name nor an IP address is refused: a
+    certificate made with it is valid for no address a SuperNode can reach."""
+    extra = [h.strip() for h in extra if h.strip()]
+    for host in extra:
+        if not is_host_name(host):
+            raise FedpersError(f"--host {shown(host)}: not a DNS name (letters, digits, hyphens and dots, each "
+                               "label at most 63 characters) or an IP address")
+    return list(dict.fromkeys([*DEFAULT_CERT_HOSTS, *extra]))
 
 
 def make_certs(out: str | os.PathLike, nodes: int, hosts: Iterable[str], *, force: bool = False) -> Pki:
@@ -756,13 +782,13 @@ def make_certs(out: str | os.PathLike, nodes: int, hosts: Iterable[str], *, forc
     :data:`DEFAULT_CERT_HOSTS` with :func:`cert_hosts`), SuperNode key pairs. A directory that already holds
     a CA is refused unless ``force``: replacing a CA invalidates every certificate and node registration
     made with it."""
-    if nodes < 1:
-        raise FedpersError(f"--nodes must be >= 1 (one key pair per SuperNode), got {nodes}")
+    if not 1 <= nodes <= MAX_CERT_NODES:
+        raise FedpersError(f"--nodes must be 1..{MAX_CERT_NODES} (one key pair per SuperNode), got {nodes}")
     if not str(out).strip():
         raise FedpersError("--out must name a directory, not be empty")
     d = Path(out)
-    if d.exists() and not d.is_dir():
-        raise FedpersError(f"--out {d} is a file, not a directory")
+    with removed_if_refused(d):
+        writable_dir(d, "--out")
     existing = [p.name for p in (d / "ca.crt", d / "ca.key") if p.exists()]
     if existing and not force:
         raise FedpersError(f"{out} already holds a CA ({', '.join(existing)}): pass --force to replace it "

@@ -56,14 +56,16 @@ def run_in_process(cfg: Config, *, stop_after: int | None = None) -> None:
     """Run ``cfg`` in this process (``num_clients`` in-process clients); results land in ``cfg.out_dir``.
 
     ``resume: true`` continues after the checkpoint's round, as the ServerApp does; ``stop_after`` ends the
-    loop after that round's evaluate phase, as a server killed there would."""
-    from fedpers.apps.simulation import run_state_dir
+    loop after that round's evaluate phase, as a server killed there would. A pooled layout and client state
+    on disk as in the Ray engine (:func:`fedpers.core.schema.simulated_layout`,
+    :func:`fedpers.core.state_store.run_state_dir`)."""
+    from fedpers.core.state_store import run_state_dir
 
-    with run_state_dir(simulated_layout(cfg)) as cfg:
-        _run(cfg, stop_after)
+    with run_state_dir(simulated_layout(cfg)) as run_cfg:
+        _run_rounds(run_cfg, stop_after)
 
 
-def _run(cfg: Config, stop_after: int | None) -> None:
+def _run_rounds(cfg: Config, stop_after: int | None) -> None:
     from fedpers.apps.server_app import round_loop, server_fn
     from fedpers.registry.methods import client_for_message
 

@@ -10,10 +10,8 @@ simulated SuperNodes through a generated app directory whose ``pyproject.toml`` 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import shutil
 import tempfile
 import threading
 from pathlib import Path
@@ -66,28 +64,13 @@ def write_app_dir(cfg: Config, directory: Path, *, code: bool = False) -> Path:
 
 def run_simulation(cfg: Config, verbose: bool = False) -> None:
     """Run ``cfg`` with ``num_clients`` simulated SuperNodes, or with a pool of them (``client_layout``,
-    :func:`fedpers.core.schema.simulated_layout`); results land in ``cfg.out_dir``. Client state spilled
-    to disk without a ``client_state_dir`` lives in a directory of the run's own
-    (:func:`run_state_dir`)."""
-    with run_state_dir(simulated_layout(cfg)) as cfg:
-        _run_in_engine(cfg, verbose)
+    :func:`fedpers.core.schema.simulated_layout`); results land in ``cfg.out_dir``. With
+    ``client_state_spill`` and no ``client_state_dir``, client state lives in a directory made for this run
+    (:func:`fedpers.core.state_store.run_state_dir`)."""
+    from fedpers.core.state_store import run_state_dir
 
-
-@contextlib.contextmanager
-def run_state_dir(cfg: Config):
-    """``cfg``, with a new directory ``<out_dir>/client_state-XXXXXXXX`` made for this run as its
-    ``client_state_dir`` when ``client_state_spill`` asks for one and none is given (never one that existed
-    before: no earlier state is loaded and nothing the user had is removed), removed when the run ends.
-    Both engines run in it."""
-    if not cfg.client_state_spill or cfg.client_state_dir:
-        yield cfg
-        return
-    Path(cfg.out_dir).mkdir(parents=True, exist_ok=True)
-    spill_dir = Path(tempfile.mkdtemp(prefix="client_state-", dir=cfg.out_dir))
-    try:
-        yield cfg.replace(client_state_dir=str(spill_dir))
-    finally:
-        shutil.rmtree(spill_dir, ignore_errors=True)
+    with run_state_dir(simulated_layout(cfg)) as run_cfg:
+        _run_in_engine(run_cfg, verbose)
 
 
 class _NoTracebacks(logging.Filter):

@@ -659,13 +659,18 @@ def run_command(sweep: Sweep, run: PlannedRun, *, tensorboard: bool = False, eng
     return cmd if engine == "ray" else [*cmd, "--engine", engine]
 
 
+def check_jobs(jobs: int) -> None:
+    """``--jobs``, the number of runs at a time, is at least 1."""
+    if jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+
+
 def run_sweep(sweep: Sweep, out: str | Path, *, tensorboard: bool = False, jobs: int = 1,
               engine: str = "ray") -> list[PlannedRun]:
     """Run every planned run that has no ``summary.json`` yet, each as its own ``fedpers run`` process
     (so a failing run cannot take the sweep down), ``jobs`` at a time (see :func:`job_environments`), each
     on ``engine``. Returns the runs that failed."""
-    if jobs < 1:
-        raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+    check_jobs(jobs)
     report_moves(move_legacy_run_dirs(sweep, out), out, "sweep")
     runs = plan(sweep, out)
     check_finished_runs(runs, "sweep")

@@ -51,10 +51,19 @@ def _readable(paths: list[str]) -> tuple[str, str, list[str]]:
     return ray.get_runtime_context().get_node_id(), socket.gethostname(), missing
 
 
-def check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """A ``HOST:PORT`` Ray address accepts a TCP connection within ``timeout_s``: ``ray.init`` retries an
-    unreachable address for minutes before it fails with a traceback. Other forms (``auto``,
-    ``ray://...``) are left to Ray."""
+# How long the check of a ``ray_address`` waits for each of its two answers (a TCP connection, then a reply of
+# Ray's GCS): a Ray head answers both in milliseconds, also across a data centre; ``ray.init`` itself retries
+# an address that is not a Ray head for minutes, one warning line after another.
+RAY_ADDRESS_TIMEOUT_S = 3.0
+# The GCS call that tells a Ray head from another server: every Ray driver makes it first (to learn the
+# cluster's id), it takes an empty request, and a GCS answers it before anything else is set up.
+GCS_CLUSTER_ID_METHOD = "/ray.rpc.NodeInfoGcsService/GetClusterId"
+
+
+def check_reachable(address: str, timeout_s: float = RAY_ADDRESS_TIMEOUT_S) -> None:
+    """A ``HOST:PORT`` Ray address accepts a TCP connection and answers as Ray's GCS, each within
+    ``timeout_s``: ``ray.init`` retries an address that is closed, or open but not a Ray head (a web server,
+    another service), for minutes before it fails. Other forms (``auto``, ``ray://...``) are left to Ray."""
     host, sep, port = address.rpartition(":")
     if not sep or "://" in address or not host:
         return
@@ -66,13 +75,43 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
         reason = exc.strerror or type(exc).__name__
         raise ConfigError(f"config key 'ray_address': no Ray cluster answers at {cut(address)} "
                           f"({reason})") from None
+    problem = _not_a_gcs(address, timeout_s)
+    if problem:
+        raise ConfigError(f"config key 'ray_address': no Ray cluster answers at {cut(address)} (a server "
+                          f"listens there but {problem}: not a Ray head's GCS port)")
+
+
+def _not_a_gcs(address: str, timeout_s: float) -> str | None:
+    """What tells that ``address`` is not Ray's GCS (None when it answers as one): one gRPC call of
+    :data:`GCS_CLUSTER_ID_METHOD` with a deadline of ``timeout_s``. A GCS that refuses the call for want of
+    a token (a cluster with token authentication) is a GCS; a TLS cluster (``RAY_USE_TLS``) is left to
+    Ray, whose client holds its certificates."""
+    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        return None
+    import grpc
+
+    with grpc.insecure_channel(address) as channel:
+        call = channel.unary_unary(GCS_CLUSTER_ID_METHOD, request_serializer=lambda _: b"",
+                                   response_deserializer=bytes)
+        try:
+            call(None, timeout=timeout_s)
+        except grpc.RpcError as exc:
+            code = exc.code()
+            if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                return None
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return f"gave no gRPC answer within {timeout_s:g} s"
+            if code == grpc.StatusCode.UNIMPLEMENTED:
+                return "is a gRPC server without Ray's GCS service"
+            return "does not speak gRPC"
+    return None
 
 
 def check_data_on_nodes(cfg: Config, timeout_s: float = 120.0) -> int:
     """Connect to ``cfg.ray_address``, run a tiny task pinned to every alive node that checks the run's
     data paths, disconnect. Returns the number of alive nodes; a node that cannot read a path is a
-    DataError naming the node and the path. ``timeout_s`` bounds the wait for a node to answer."""
-    check_reachable(cfg.ray_address)
+    DataError naming the node and the path. ``timeout_s`` bounds the wait for a node to answer. The CLI
+    checks the address with :func:`check_reachable` first (``ray.init`` retries a wrong one for minutes)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 

@@ -20,12 +20,14 @@ numpy + json (+ the config's schema, for its defaults): no Flower, no torch.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -48,6 +50,24 @@ def state_dir_of(node_config: Mapping[str, Any], client_state_dir: str) -> str:
     """The client state directory of a node: its node-config ``state-dir``, else the run's
     ``client_state_dir``; '' = none (state in memory only)."""
     return str(node_config.get("state-dir", "") or client_state_dir)
+
+
+@contextlib.contextmanager
+def run_state_dir(config: Config) -> Iterator[Config]:
+    """``config`` as an engine runs it (the Ray simulation and the in-process engine alike): with
+    ``client_state_spill`` and no ``client_state_dir``, the clients' state lives in a new directory
+    ``<out_dir>/client_state-XXXXXXXX`` made for this run and removed when it ends; any other config is
+    run as it is. The directory is never one that existed before: no earlier state is loaded and nothing
+    the user had is removed."""
+    if not config.client_state_spill or config.client_state_dir:
+        yield config
+        return
+    Path(config.out_dir).mkdir(parents=True, exist_ok=True)
+    spill_dir = Path(tempfile.mkdtemp(prefix="client_state-", dir=config.out_dir))
+    try:
+        yield config.replace(client_state_dir=str(spill_dir))
+    finally:
+        shutil.rmtree(spill_dir, ignore_errors=True)
 
 
 def config_fingerprint(config: Config) -> str:

@@ -88,6 +88,13 @@ def check_core_values(overrides: Mapping[str, Any]) -> None:
             raise ConfigError(f"config key '{key.name}': {problem}, got {shown(value)}")
 
 
+def core_value(name: str, raw: Any) -> Value:
+    """The value of core key ``name`` that ``raw`` (a ``--set`` text, a YAML value) gives, its type and range
+    checked as :func:`check_core_values` does (without torch)."""
+    check_core_values({name: raw})
+    return coerce_value(_CORE_BY_NAME[name], raw)
+
+
 def build_config(overrides: Mapping[str, Any], base: Mapping[str, Value] | None = None) -> Config:
     """Validate ``overrides`` on ``base`` (default: the defaults) against :func:`full_schema`: one
     ConfigError line naming the key for an unknown key, a wrong type, a value out of range or a method
