@@ -4,7 +4,9 @@ Each run is ``fedpers run`` (Flower's Ray simulation, ``client_layout=pool``) in
 memory of its whole process tree (driver, Ray's GCS/raylet, the client actors) is sampled from /proc. Data:
 the FedProx paper's Synthetic(1, 1) (``dataset=synthetic``, generated per client on demand; docs/data.md),
 every client with its own distribution and at least 50 samples; the MLP model. 100 clients sampled per
-round, 1 local epoch, 100 clients evaluated (a seeded sample) every ``--eval-every`` rounds and at the last;
+round, 1 local epoch, 100 clients evaluated every ``--eval-every`` rounds and at the last, a seeded sample
+among the clients trained so far (``eval_among=trained``: a client drawn from 100,000 has almost never
+trained, and its personalized model would say nothing);
 |Ds| = 1,000 for pFedKDH. Reported per run:
 
 * the seconds outside rounds (start-up and shut-down: Ray, data, server; no message to any client before
@@ -47,7 +49,7 @@ def settings(method: str, clients: int, args: argparse.Namespace) -> dict:
     """The run's config keys."""
     return {"method": method, "dataset": "synthetic", "num_clients": clients, "fraction_fit": SAMPLED / clients,
             "client_layout": "pool", "rounds": args.rounds, "eval_every": args.eval_every,
-            "eval_clients": EVAL_CLIENTS, "local_epochs": 1, "batch_size": 10, "lr": 0.05,
+            "eval_clients": EVAL_CLIENTS, "eval_among": "trained", "local_epochs": 1, "batch_size": 10, "lr": 0.05,
             "aux_size": 1000 if method == "pfedkdh" else 0, "device": "cpu", "seed": 0}
 
 
@@ -133,7 +135,7 @@ def main() -> None:
     rows = [measure(m, k, args) for m in args.methods for k in args.clients]
     lines = [f"# Cross-device scale: Synthetic(1, 1), {SAMPLED} clients sampled per round, client_layout=pool, "
              f"{args.rounds} rounds, 1 local epoch, {EVAL_CLIENTS} clients evaluated every {args.eval_every} "
-             "rounds, CPU", "",
+             "rounds (among those trained so far), CPU", "",
              "Command: `python benchmarks/scale_pool.py`. Memory sampled every "
              f"{args.interval} s over the whole process tree. Outside rounds: the run's wall time less its rounds "
              "(start-up and shut-down). Accuracy: personalized macro accuracy of the evaluated clients at the "
