@@ -562,6 +562,148 @@ def test_superexec_needs_the_shared_secret(tmp_path):
         assert "launch" not in rogue.log_path.read_text().lower()
 
 
+# ------------------------------------------------------------------------------------------------
+# the proxy's body bound: what an unsigned request can make the SuperLink read
+# ------------------------------------------------------------------------------------------------
+def test_fleet_bodies_are_flowers_objects_chunked_at_5_mib():
+    from fedpers.apps.fleet_bodies import MIB, fleet_bodies_of
+
+    small = fleet_bodies_of([np.zeros((256, 1024), np.float32)], {"train_loss": 0.5})  # 1 MiB of floats
+    assert small.upload == MIB and MIB < small.push_object < MIB + 1024  # the array, its npy header, the request
+    # a 12 MiB array travels as 5 MiB chunks: the largest body is one chunk, not the array
+    big = fleet_bodies_of([np.zeros((3, 1024, 1024), np.float32)], {"train_loss": 0.5})
+    assert big.upload == 12 * MIB and 5 * MIB < big.push_object < 5 * MIB + 1024
+    # the record listing the arrays and the object tree of push-messages grow with the number of arrays (about
+    # 140 bytes each), not with their size
+    many = fleet_bodies_of([np.full(4, i, np.float32) for i in range(200)], {})
+    assert big.push_messages < 4096 and 200 * 100 < many.push_messages < 200 * 200
+    assert 200 * 100 < many.push_object < 200 * 200  # the ArrayRecord, the largest of its objects
+
+
+def test_default_fleet_bound_fits_the_default_models_and_names_its_key():
+    from fedpers.apps.fleet_bodies import DEFAULT_FLEET_MAX_OBJECT_BODY, MIB, check_fleet_bound, fleet_bodies, nginx_size
+
+    bound = nginx_size(DEFAULT_FLEET_MAX_OBJECT_BODY, "x")
+    assert bound == 6 * MIB
+    for method in ("pfedkdh", "scaffold", "fedeagd"):  # whole model, two model-sized sections, se_cnn backbone
+        bodies = check_fleet_bound(build_config(tiny_overrides(method=method)), bound)
+        assert bodies.push_object < 5 * MIB + 1024
+    bodies = fleet_bodies(build_config(tiny_overrides()))
+    with pytest.raises(FedpersError) as info:
+        check_fleet_bound(build_config(tiny_overrides()), 1024)
+    assert str(info.value) == (
+        f"a client of this run sends push-object bodies of {bodies.push_object} bytes "
+        f"({bodies.push_object / MIB:.2f} MiB), more than the Fleet proxy accepts (1024 bytes): raise the proxy's "
+        "bound (`fedpers deploy local --fleet-max-object-body`, or FLEET_MAX_OBJECT_BODY for docker compose) to "
+        "at least 1m")
+    assert [nginx_size(v, "k") for v in ("6m", "512K", "1g", "1048576")] == [6 * MIB, 512 * 1024, 1024 * MIB, MIB]
+    for bad in ("0", "6 MB", "-1", "", "1.5m"):
+        with pytest.raises(FedpersError, match=f"^--fleet-max-object-body: {re.escape(repr(bad))} is not an nginx"):
+            nginx_size(bad, "--fleet-max-object-body")
+
+
+def test_deploy_local_refuses_a_run_larger_than_the_bound_before_anything_starts(tmp_path, capsys):
+    from fedpers.apps.cli import main
+
+    args = ["deploy", "local", "--clients", "3", "--out", str(tmp_path / "o")]
+    sets = [a for k, v in tiny_overrides().items() if k != "num_clients" for a in ("--set", f"{k}={v}")]
+    assert main(args + sets + ["--fleet-max-object-body", "0"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "fedpers: error: --fleet-max-object-body: '0' is not an nginx size above 0 (e.g. 6m, 512k, 1g or a number "
+        "of bytes)")
+    assert main(args + sets + ["--fleet-max-object-body", "4k"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fedpers: error: a client of this run sends push-object bodies of ") and "\n" not in err
+    assert "--fleet-max-object-body" in err and not (tmp_path / "o" / "deploy").exists()  # nothing started
+
+
+def test_server_app_checks_a_run_against_the_proxy_bound_it_is_given(monkeypatch):
+    from fedpers.apps.fleet_bodies import FLEET_BOUND_ENV
+    from fedpers.apps.server_app import check_fleet_proxy_bound
+
+    cfg = build_config(tiny_overrides())
+    monkeypatch.delenv(FLEET_BOUND_ENV, raising=False)
+    check_fleet_proxy_bound(cfg)  # no bound given (a simulation): nothing to check
+    monkeypatch.setenv(FLEET_BOUND_ENV, "6m")
+    check_fleet_proxy_bound(cfg)
+    monkeypatch.setenv(FLEET_BOUND_ENV, "2k")
+    with pytest.raises(FedpersError, match="more than the Fleet proxy accepts \\(2048 bytes\\)"):
+        check_fleet_proxy_bound(cfg)
+
+
+def _rss_mib(pid: int) -> float:
+    """Resident memory of ``pid`` in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def _post_unsigned(address: str, ca: Path, path: str, size: int, chunked: bool) -> str:
+    """The status code ``size`` bytes of zeros POSTed to ``path`` without a node signature get (Content-Length
+    or chunked): the request `make compose-check` sends the compose stack (deploy/compose/probe.py)."""
+    import importlib.util
+    import ssl
+
+    spec = importlib.util.spec_from_file_location("compose_probe", ROOT / "deploy" / "compose" / "probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    return probe.post_body(f"https://{address}{path}", size, chunked, ssl.create_default_context(cafile=str(ca)))
+
+
+@pytest.mark.deployment
+def test_an_oversized_unsigned_push_object_is_refused_by_the_proxy(deployment):
+    from fedpers.apps.fleet_bodies import MIB, nginx_size
+
+    bound = nginx_size(deployment.max_object_body, "bound")
+    pid = deployment.superlink.pid
+    before = _rss_mib(pid)
+    for chunked in (False, True):  # a declared length is refused at once; a chunked body where it passes the bound
+        status = _post_unsigned(deployment.address, deployment.pki.ca_cert, "/v1/fleet/push-object", 128 * MIB,
+                                chunked)
+        assert status == "413", (chunked, status)
+    # every other Fleet path is bounded at 1 MiB
+    assert _post_unsigned(deployment.address, deployment.pki.ca_cert, "/v1/fleet/push-messages", 2 * MIB, False) == "413"
+    time.sleep(1.0)
+    # 2 x 128 MiB sent: the SuperLink saw at most the bound's worth of one (it used to read it all, and keep it)
+    assert _rss_mib(pid) - before < 4 * bound / MIB, (before, _rss_mib(pid))
+    # a body within the bound still reaches the SuperLink, whose node authentication answers it
+    assert _post_unsigned(deployment.address, deployment.pki.ca_cert, "/v1/fleet/push-object", MIB, False) in (
+        "400", "401")
+
+
+def _handshake(address: str, ca: Path, version, ciphers: str | None = None) -> tuple[str, str] | None:
+    """(TLS version, cipher suite) of a handshake with ``address`` offering only ``version`` (and ``ciphers``),
+    None when the server refuses it."""
+    import socket
+    import ssl
+
+    host, port = address.rsplit(":", 1)
+    context = ssl.create_default_context(cafile=str(ca))
+    context.minimum_version = context.maximum_version = version
+    if ciphers:
+        context.set_ciphers(ciphers)
+    try:
+        with context.wrap_socket(socket.create_connection((host, int(port)), timeout=10), server_hostname=host) as tls:
+            return str(tls.version()), tls.cipher()[0]
+    except ssl.SSLError:
+        return None
+
+
+@pytest.mark.deployment
+def test_the_proxy_speaks_tls_12_and_13_with_aead_suites_only(deployment):
+    import ssl
+
+    ca = deployment.pki.ca_cert
+    for address in (deployment.address, deployment.control_address):
+        # SHA-1 (and SHA-256) CBC suites of TLS 1.2: refused (nginx's own default list accepts them)
+        for suite in ("ECDHE-ECDSA-AES128-SHA", "ECDHE-RSA-AES128-SHA", "ECDHE-ECDSA-AES256-SHA384"):
+            assert _handshake(address, ca, ssl.TLSVersion.TLSv1_2, suite) is None, (address, suite)
+        assert _handshake(address, ca, ssl.TLSVersion.TLSv1_2, "ECDHE-ECDSA-AES128-GCM-SHA256") == (
+            "TLSv1.2", "ECDHE-ECDSA-AES128-GCM-SHA256")
+        assert _handshake(address, ca, ssl.TLSVersion.TLSv1_3)[0] == "TLSv1.3"
+
+
 def test_deploy_without_nginx_is_one_line_before_anything_starts(tmp_path, monkeypatch):
     from fedpers.apps import deploy
 
@@ -585,4 +727,5 @@ def test_proxy_template_renders_every_variable(tmp_path):
     assert conf.count("return 403;") == 2
     assert set(re.findall(r"\$\{(\w+)\}", PROXY_TEMPLATE.read_text())) == {
         "SUPERLINK_ADDRESS", "FLEET_LISTEN", "CONTROL_LISTEN", "PROXY_CERT", "PROXY_KEY", "SUPERLINK_CA",
-        "SUPERLINK_TLS_NAME"}
+        "SUPERLINK_TLS_NAME", "FLEET_MAX_OBJECT_BODY"}
+    assert "location = /v1/fleet/push-object" in conf and "client_max_body_size 6m;" in conf

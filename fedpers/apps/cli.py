@@ -32,6 +32,7 @@ import yaml
 from fedpers.registry.config import Config, full_schema, load_config
 from fedpers.core.errors import STOP_REQUESTED, EngineError, FedpersError, Interrupted, cut
 from fedpers.apps.processes import kill_own_tree, own_tree  # no import inside the signal handler
+from fedpers.apps.fleet_bodies import DEFAULT_FLEET_MAX_OBJECT_BODY, nginx_size
 
 
 ENGINES = ("ray", "inprocess")
@@ -119,6 +120,11 @@ def _parser() -> argparse.ArgumentParser:
     local.add_argument("--isolation", choices=("subprocess", "process"), default="subprocess",
                        help="ClientApp isolation of the SuperNodes (default: subprocess)")
     local.add_argument("--timeout", type=float, default=3600.0, help="seconds the run may take (default 3600)")
+    local.add_argument("--fleet-max-object-body", default=DEFAULT_FLEET_MAX_OBJECT_BODY, metavar="SIZE",
+                       help="the largest push-object body the Fleet proxy accepts (an nginx size; default "
+                            f"{DEFAULT_FLEET_MAX_OBJECT_BODY}: "
+                            "Flower's 5 MiB array chunks and 1 MiB for the rest); a run whose clients send more "
+                            "is refused before anything starts")
     restart = dsub.add_parser("restart-node", help="start SuperNode N of a running `deploy local` again (e.g. after "
                               "it was killed); works at once: a refusal is retried for up to 150 s")
     restart.add_argument("--out", required=True, help="the --out directory of the running `fedpers deploy local`")
@@ -433,12 +439,14 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         return 0
     if args.clients < 1:
         raise FedpersError("--clients must be >= 1")
+    nginx_size(args.fleet_max_object_body, "--fleet-max-object-body")
     cfg = load_config(args.config, args.sets + [f"num_clients={args.clients}"], out_dir=args.out,
                       **({"overwrite": True} if args.overwrite else {}))
     warn_ignored_keys(cfg, args.config, args.sets)
     preflight(cfg, simulation=False)
     t0 = time.perf_counter()
-    summary = deploy.deploy_local(cfg, args.clients, args.out, isolation=args.isolation, timeout=args.timeout)
+    summary = deploy.deploy_local(cfg, args.clients, args.out, isolation=args.isolation, timeout=args.timeout,
+                                  max_object_body=args.fleet_max_object_body)
     metric = summary["metric"]
     print(f"fedpers | deploy done in {time.perf_counter() - t0:.1f} s: final {metric} = "
           f"{summary['final'].get(metric)} | {args.out}/metrics.jsonl, {args.out}/summary.json", flush=True)

@@ -42,6 +42,8 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from fedpers.core.errors import FedpersError
+from fedpers.apps.fleet_bodies import (DEFAULT_FLEET_MAX_OBJECT_BODY, FLEET_BOUND_ENV, check_fleet_bound,
+                                       nginx_size)
 from fedpers.apps.processes import descendants, process_state, signal_pids, start_time
 
 FEDERATION = "fedpers"  # name of the SuperLink connection in the private FLWR_HOME
@@ -295,16 +297,19 @@ def _stop_tree(proc: "Proc", grace: float) -> None:
 # the Fleet API proxy (nginx) in front of the SuperLink
 # --------------------------------------------------------------------------------------------------
 def render_proxy_conf(*, superlink: str, fleet_listen: str, control_listen: str, cert: Path, key: Path,
-                      ca: Path, tls_name: str, template: Path = PROXY_TEMPLATE) -> str:
+                      ca: Path, tls_name: str, max_object_body: str = DEFAULT_FLEET_MAX_OBJECT_BODY,
+                      template: Path = PROXY_TEMPLATE) -> str:
     """``deploy/nginx/fleet-proxy.conf.template`` with its variables filled in: the same file the compose
-    stack's nginx renders with envsubst, so the local deployment exercises what compose ships."""
+    stack's nginx renders with envsubst, so the local deployment exercises what compose ships.
+    ``max_object_body``: the push-object bound (an nginx size, :data:`DEFAULT_FLEET_MAX_OBJECT_BODY`)."""
     import string
 
     if not template.is_file():
         raise FedpersError(f"{template} not found: `fedpers deploy local` needs a source checkout (deploy/nginx/)")
     return string.Template(template.read_text()).substitute(
         SUPERLINK_ADDRESS=superlink, FLEET_LISTEN=fleet_listen, CONTROL_LISTEN=control_listen,
-        PROXY_CERT=str(cert), PROXY_KEY=str(key), SUPERLINK_CA=str(ca), SUPERLINK_TLS_NAME=tls_name)
+        PROXY_CERT=str(cert), PROXY_KEY=str(key), SUPERLINK_CA=str(ca), SUPERLINK_TLS_NAME=tls_name,
+        FLEET_MAX_OBJECT_BODY=max_object_body)
 
 
 def nginx_binary() -> str:
@@ -359,13 +364,15 @@ class LocalDeployment:
     """
 
     def __init__(self, root: str | os.PathLike, num_nodes: int, isolation: str = "subprocess",
-                 host: str = "127.0.0.1", startup_timeout: float = 120.0):
+                 host: str = "127.0.0.1", startup_timeout: float = 120.0,
+                 max_object_body: str = DEFAULT_FLEET_MAX_OBJECT_BODY):
         if isolation not in ("subprocess", "process"):
             raise FedpersError(f"isolation must be subprocess or process, got {isolation!r}")
         self.root = Path(root).resolve()
         self.num_nodes = num_nodes
         self.isolation = isolation
         self.host = host  # where the proxy's Fleet listener is (what SuperNodes connect to)
+        self.max_object_body = max_object_body  # the proxy's push-object bound (an nginx size)
         self.startup_timeout = startup_timeout
         self.logs = self.root / "logs"
         self.flwr_home = self.root / "flwr_home"
@@ -420,10 +427,11 @@ class LocalDeployment:
             _bin("flower-superlink"), "--ssl-ca-certfile", str(pki.ca_cert), "--ssl-certfile", str(pki.server_cert),
             "--ssl-keyfile", str(pki.server_key), "--enable-supernode-auth", "--host", "127.0.0.1",
             "--port", str(self.superlink_port), "--disable-runtime-dependency-installation",
-        ], self.logs / "superlink.log", self._env(self.flwr_home), cwd=self.root)
+        ], self.logs / "superlink.log", {**self._env(self.flwr_home), FLEET_BOUND_ENV: self.max_object_body},
+            cwd=self.root)  # the ServerApp it starts checks a run against the proxy's bound
         conf = render_proxy_conf(superlink=self.superlink_address, fleet_listen=self.address,
                                  control_listen=self.control_address, cert=pki.server_cert, key=pki.server_key,
-                                 ca=pki.ca_cert, tls_name="localhost")
+                                 ca=pki.ca_cert, tls_name="localhost", max_object_body=self.max_object_body)
         main_conf = write_proxy_files(self.root / "proxy", self.logs, conf)
         self.proxy = Proc("fleet-proxy", [nginx, "-p", str(self.root / "proxy"), "-c", str(main_conf),
                                           "-g", "daemon off;"], self.logs / "fleet-proxy.log", self._env(self.flwr_home))
@@ -705,18 +713,22 @@ def deploy_config(cfg, out: Path, resume: bool):
 
 
 def deploy_local(cfg, clients: int, out: str | os.PathLike, isolation: str = "subprocess",
-                 timeout: float = 3600) -> dict:
-    """``fedpers deploy local``: run ``cfg`` on a fresh loopback deployment of ``clients`` SuperNodes."""
+                 timeout: float = 3600, max_object_body: str = DEFAULT_FLEET_MAX_OBJECT_BODY) -> dict:
+    """``fedpers deploy local``: run ``cfg`` on a fresh loopback deployment of ``clients`` SuperNodes, whose
+    proxy accepts push-object bodies up to ``max_object_body`` (a run that needs more is refused first)."""
     out = Path(out).resolve()
     if clients != cfg.num_clients:
         cfg = cfg.replace(num_clients=clients)
+    bound = nginx_size(max_object_body, "--fleet-max-object-body")
+    bodies = check_fleet_bound(cfg, bound)  # before anything is written or started
     cfg = deploy_config(cfg, out, resume=bool(cfg.resume))
     out.mkdir(parents=True, exist_ok=True)
     # `kill` of this command stops what it started (the CLI has its own handler for it already: exit 143)
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         with contextlib.suppress(ValueError):  # not in the main thread: Ctrl-C still works
             signal.signal(signal.SIGTERM, _raise_interrupt)
-    with LocalDeployment(out / "deploy", clients, isolation=isolation) as dep:
+    print(f"fedpers | deploy: {bodies.line(bound)}", flush=True)
+    with LocalDeployment(out / "deploy", clients, isolation=isolation, max_object_body=max_object_body) as dep:
         print(f"fedpers | deploy: SuperLink https://{dep.superlink_address} (loopback, TLS, SuperNode auth, pid "
               f"{dep.superlink.pid}) behind nginx: Fleet API https://{dep.address}, Control API "
               f"https://{dep.control_address}; {clients} SuperNodes ({isolation} isolation), logs {dep.logs}; "

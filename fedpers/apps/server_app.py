@@ -10,10 +10,12 @@ deployed round does not wait for Flower's 3-s reply checks.
 
 from __future__ import annotations
 
+import os
 from logging import INFO
 from pathlib import Path
 
 from flwr.app import Context
+from flwr.common import log
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from flwr.server.compat import start_grid
 from flwr.serverapp import Grid
@@ -45,8 +47,6 @@ def server_fn(context: Context) -> ServerAppComponents:
     if state is not None:
         return _resume(cfg, strategy, config, state)
     if cfg.resume:  # INFO: every sweep run starts this way (resumable by default)
-        from flwr.common import log
-
         log(INFO, "fedpers: resume=true but no checkpoint in %s yet: starting at round 1", cfg.checkpoint_dir)
     return ServerAppComponents(server=round_loop(strategy), config=config)
 
@@ -92,8 +92,6 @@ def checkpoint_to_resume(cfg: Config) -> dict | None:
 
 def _resume(cfg: Config, strategy, config: ServerConfig, state: dict) -> ServerAppComponents:
     """Load the checkpoint ``state`` into ``strategy`` and start the round loop after its round."""
-    from flwr.common import log
-
     strategy.load_state_dict(state)
     done = int(state["round"])
     log(INFO, "fedpers: resuming from %s after round %d of %d", checkpoint_path(cfg.checkpoint_dir), done, cfg.rounds)
@@ -102,13 +100,36 @@ def _resume(cfg: Config, strategy, config: ServerConfig, state: dict) -> ServerA
     return ServerAppComponents(server=round_loop(strategy, start_round=done + 1), config=config)
 
 
+def on_deployment_engine(grid: Grid) -> bool:
+    """Whether the ServerApp runs on Flower's Deployment Engine (SuperLink and SuperNodes), not in a
+    simulation (whose in-memory grid's clients cannot vanish)."""
+    from flwr.superlink.grid import InMemoryGrid
+
+    return not isinstance(grid, InMemoryGrid)
+
+
+def check_fleet_proxy_bound(cfg: Config) -> None:
+    """Refuse a run (one line, before round 1) whose clients would send Fleet requests larger than the
+    proxy in front of the SuperLink accepts: the deployment tells the ServerApp the proxy's bound in
+    ``FEDPERS_FLEET_MAX_OBJECT_BODY`` (``fedpers deploy local``, docker-compose.yml); unset: nothing to check."""
+    from fedpers.apps.fleet_bodies import FLEET_BOUND_ENV, check_fleet_bound, nginx_size
+
+    bound = os.environ.get(FLEET_BOUND_ENV)
+    if bound:
+        limit = nginx_size(bound, FLEET_BOUND_ENV)
+        log(INFO, "fedpers: %s", check_fleet_bound(cfg, limit).line(limit))
+
+
 server_app = ServerApp()
 
 
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
     """The run: :func:`server_fn`'s components in the one round loop (:func:`round_loop`), replies collected
-    every ``reply_poll_interval`` seconds."""
+    every ``reply_poll_interval`` seconds. On the Deployment Engine, the run is first checked against the
+    Fleet proxy's body bound."""
+    if on_deployment_engine(grid):
+        check_fleet_proxy_bound(config_of(context))
     components = server_fn(context)
     start_grid(grid=PromptReplyGrid(grid, config_of(context).reply_poll_interval), server=components.server,
                config=components.config, strategy=components.strategy, client_manager=components.client_manager)
