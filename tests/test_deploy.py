@@ -631,6 +631,30 @@ def test_server_app_checks_a_run_against_the_proxy_bound_it_is_given(monkeypatch
         check_fleet_proxy_bound(cfg)
 
 
+def test_the_deployment_engine_bounds_a_round_unless_the_run_sets_a_bound(monkeypatch):
+    from flwr.superlink.grid import InMemoryGrid
+
+    from fedpers.apps import server_app
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def record(context):
+        seen.append(context.run_config.get("round_timeout"))
+        raise Stop
+
+    monkeypatch.setattr(server_app, "server_fn", record)
+    monkeypatch.delenv("FEDPERS_FLEET_MAX_OBJECT_BODY", raising=False)
+    for grid, timeout in ((object(), 0.0), (object(), 60.0), (InMemoryGrid.__new__(InMemoryGrid), 0.0)):
+        config = {**build_config(tiny_overrides()).to_dict(), "round_timeout": timeout}
+        with pytest.raises(Stop):
+            server_app.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=config))
+    # deployed: 0 becomes the deployment default, a bound the run sets is kept; simulated: 0 stays "no limit"
+    assert seen == [server_app.DEPLOYMENT_ROUND_TIMEOUT, 60.0, 0.0] and server_app.DEPLOYMENT_ROUND_TIMEOUT == 1800.0
+
+
 def _rss_mib(pid: int) -> float:
     """Resident memory of ``pid`` in MiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

@@ -100,12 +100,27 @@ def _resume(cfg: Config, strategy, config: ServerConfig, state: dict) -> ServerA
     return ServerAppComponents(server=round_loop(strategy, start_round=done + 1), config=config)
 
 
+# round_timeout=0 on Flower's Deployment Engine: a round waits at most this long for its replies. A SuperNode
+# whose ClientApp runner stopped stays online and never answers, and without a bound its round, and the run,
+# would wait for it for as long as Flower keeps the message (12 h); 30 min leaves a slow client's round
+# room (a round of `make compose-check`'s 2-round digits run took 170 s on 2 cores).
+DEPLOYMENT_ROUND_TIMEOUT = 1800.0
+
+
 def on_deployment_engine(grid: Grid) -> bool:
     """Whether the ServerApp runs on Flower's Deployment Engine (SuperLink and SuperNodes), not in a
     simulation (whose in-memory grid's clients cannot vanish)."""
     from flwr.superlink.grid import InMemoryGrid
 
     return not isinstance(grid, InMemoryGrid)
+
+
+def with_deployment_defaults(run_config: dict) -> dict:
+    """``run_config`` with the Deployment Engine's defaults: ``round_timeout`` 0 (the schema's "the
+    engine's default") becomes :data:`DEPLOYMENT_ROUND_TIMEOUT`; a value the run sets is kept."""
+    if float(run_config.get("round_timeout", 0.0) or 0.0) > 0:
+        return dict(run_config)
+    return {**run_config, "round_timeout": DEPLOYMENT_ROUND_TIMEOUT}
 
 
 def check_fleet_proxy_bound(cfg: Config) -> None:
@@ -126,9 +141,10 @@ server_app = ServerApp()
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
     """The run: :func:`server_fn`'s components in the one round loop (:func:`round_loop`), replies collected
-    every ``reply_poll_interval`` seconds. On the Deployment Engine, the run is first checked against the
-    Fleet proxy's body bound."""
+    every ``reply_poll_interval`` seconds. On the Deployment Engine, its defaults apply first
+    (:func:`with_deployment_defaults`) and the run is checked against the Fleet proxy's body bound."""
     if on_deployment_engine(grid):
+        context.run_config = with_deployment_defaults(context.run_config)
         check_fleet_proxy_bound(config_of(context))
     components = server_fn(context)
     start_grid(grid=PromptReplyGrid(grid, config_of(context).reply_poll_interval), server=components.server,
