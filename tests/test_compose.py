@@ -319,10 +319,28 @@ def rule_every_service_has_a_memory_limit(c: dict) -> list[str]:
     return bad
 
 
+def rule_a_supernode_that_gave_up_waits_and_shows_it(c: dict) -> list[str]:
+    """Under ``restart: unless-stopped`` (which starts a container again whatever its exit status) the
+    SuperNode start wrapper waits after giving up instead of exiting, and the health check reads the cause
+    it writes: no restart loop, and ``docker compose ps`` shows the node unhealthy."""
+    from fedpers.apps.supernode_start import GAVE_UP_FILE
+
+    bad = []
+    for name, s in _supernodes(c["services"]).items():
+        cmd = [str(a) for a in s.get("command") or []]
+        wrapper_opts = cmd[1:cmd.index("--")] if cmd[:1] == [WRAPPER] and "--" in cmd else []
+        if s.get("restart") == "unless-stopped" and "--wait-after-giving-up" not in wrapper_opts:
+            bad.append(f"{name}: its start wrapper exits after giving up, and unless-stopped restarts it forever")
+        if GAVE_UP_FILE.name not in " ".join(map(str, (s.get("healthcheck") or {}).get("test") or [])):
+            bad.append(f"{name}: its health check does not read the wrapper's {GAVE_UP_FILE.name}")
+    return bad
+
+
 RULES = [rule_no_ca_key_or_certs_dir, rule_only_proxy_publishes, rule_superlink_on_loopback_with_the_proxies,
          rule_each_clientapp_on_its_own_node_network, rule_named_files_mounted,
          rule_supernodes_via_proxy, rule_one_runner_per_supernode, rule_superexec_secret_both_ends,
-         rule_health_and_ordering, rule_runners_read_the_data_only, rule_every_service_has_a_memory_limit]
+         rule_health_and_ordering, rule_runners_read_the_data_only, rule_every_service_has_a_memory_limit,
+         rule_a_supernode_that_gave_up_waits_and_shows_it]
 
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.__name__)
@@ -384,6 +402,10 @@ BREAKS = {
         "volumes", ["state-2:/state", "data:/data"])),
     "serverapp takes the data over": (rule_runners_read_the_data_only, lambda c: c["services"]["serverapp"][
         "environment"].__setitem__("FEDPERS_OWN_DIRS", "/results /data")),
+    "supernode exits after giving up": (rule_a_supernode_that_gave_up_waits_and_shows_it, lambda c: c["services"][
+        "supernode-2"]["command"].remove("--wait-after-giving-up")),
+    "supernode without its health check": (rule_a_supernode_that_gave_up_waits_and_shows_it,
+                                           lambda c: c["services"]["supernode-0"].pop("healthcheck")),
     "superlink without a memory limit": (rule_every_service_has_a_memory_limit,
                                          lambda c: c["services"]["superlink"].pop("mem_limit")),
     "a limit compose 1.29 ignores": (rule_every_service_has_a_memory_limit, lambda c: c["services"]["operator"].__setitem__(

@@ -191,12 +191,168 @@ def test_deploy_cli_certs_and_bad_input(tmp_path, capsys):
 
 
 def _cert_names(pem: Path) -> list[str]:
-    """The subject alternative names of a certificate, in order (DNS names and IP addresses as text)."""
+    from fedpers.apps.deploy import certificate_names
+
+    return certificate_names(pem)
+
+
+def _days_left(pem: Path) -> float:
+    from fedpers.apps.deploy import certificate_expiry
+
+    return (certificate_expiry(pem) - __import__("datetime").datetime.now(__import__("datetime").timezone.utc)).total_seconds() / 86400
+
+
+def _expired_certificate(pem: Path, signer_key: Path, issuer_pem: Path | None = None) -> None:
+    """Replace the certificate in ``pem`` by one with the same subject, names and public key that expired a
+    day ago, signed with ``signer_key`` (itself, for a CA; ``issuer_pem``'s subject as issuer otherwise)."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+
+    old = x509.load_pem_x509_certificate(pem.read_bytes())
+    issuer = x509.load_pem_x509_certificate(issuer_pem.read_bytes()).subject if issuer_pem else old.subject
+    now = dt.datetime.now(dt.timezone.utc)
+    builder = (x509.CertificateBuilder().subject_name(old.subject).issuer_name(issuer).public_key(old.public_key())
+               .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(days=31))
+               .not_valid_after(now - dt.timedelta(days=1)))
+    for extension in old.extensions:
+        builder = builder.add_extension(extension.value, extension.critical)
+    key = serialization.load_pem_private_key(signer_key.read_bytes(), None)
+    pem.write_bytes(builder.sign(key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
+
+
+def test_certs_validity_is_an_option_bounded_and_said(tmp_path, capsys):
+    from fedpers.apps.cli import main
+    from fedpers.apps.deploy import MAX_CERT_DAYS
+
+    assert main(["deploy", "certs", "--out", str(tmp_path / "c"), "--days", "365"]) == 0
+    out = capsys.readouterr().out
+    for pem in ("ca.crt", "server.pem"):
+        assert 364.9 < _days_left(tmp_path / "c" / pem) <= 365
+    assert re.search(r"; valid until \d{4}-\d\d-\d\d \d\d:\d\d UTC \(365 days\): renew before then with "
+                     r"`fedpers deploy certs --renew --out .*/c`$", out.strip()), out
+    assert main(["deploy", "certs", "--out", str(tmp_path / "d")]) == 0  # the default: 30 days
+    assert 29.9 < _days_left(tmp_path / "d" / "server.pem") <= 30
+    for days in ("0", str(MAX_CERT_DAYS + 1)):
+        assert main(["deploy", "certs", "--out", str(tmp_path / "e"), "--days", days]) == 2
+        assert capsys.readouterr().err.strip() == (
+            f"fedpers: error: --days must be 1..{MAX_CERT_DAYS} (the longest a TLS server certificate may be valid for "
+            f"Apple's platforms, which an edge SuperNode may run on), got {days}")
+    assert not (tmp_path / "e").exists()
+
+
+def test_renewal_keeps_the_ca_key_the_node_keys_and_the_secret_and_the_old_ca_still_verifies(tmp_path, capsys):
     from cryptography import x509
 
-    cert = x509.load_pem_x509_certificate(pem.read_bytes())
-    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    return [str(getattr(name, "value", name)) for name in sans]
+    from fedpers.apps.cli import main
+
+    c = tmp_path / "c"
+    assert main(["deploy", "certs", "--out", str(c), "--nodes", "2", "--host", "fl.example.org", "--days", "5"]) == 0
+    kept = {name: (c / name).read_bytes() for name in ("ca.key", "supernode-0.key", "supernode-0.key.pub",
+                                                      "supernode-1.key", "superexec.secret")}
+    old_ca = x509.load_pem_x509_certificate((c / "ca.crt").read_bytes())
+    old_server_key = (c / "server.key").read_bytes()
+    _expired_certificate(c / "ca.crt", c / "ca.key")  # even an expired CA certificate is renewed
+    capsys.readouterr()
+    assert main(["deploy", "certs", "--out", str(c), "--renew", "--days", "90", "--host", "edge.example.org"]) == 0
+    assert capsys.readouterr().out.startswith(f"fedpers | renewed: CA {c}/ca.crt (same key), SuperLink certificate ")
+    assert {name: (c / name).read_bytes() for name in kept} == kept  # registrations and runners unchanged
+    assert (c / "server.key").read_bytes() != old_server_key and oct((c / "server.key").stat().st_mode & 0o777) == "0o600"
+    assert 89.9 < _days_left(c / "ca.crt") <= 90 and 89.9 < _days_left(c / "server.pem") <= 90
+    assert _cert_names(c / "server.pem") == ["fleet-proxy", "runtime-proxy", "superlink", "localhost", "127.0.0.1",
+                                             "fl.example.org", "edge.example.org"]
+    server = x509.load_pem_x509_certificate((c / "server.pem").read_bytes())
+    server.verify_directly_issued_by(x509.load_pem_x509_certificate((c / "ca.crt").read_bytes()))
+    server.verify_directly_issued_by(old_ca)  # a SuperNode that still holds the previous ca.crt trusts it
+    assert main(["deploy", "certs", "--out", str(c), "--renew", "--force"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "fedpers: error: --renew keeps the CA key and the SuperNode keys: leave out --force and --nodes")
+    assert main(["deploy", "certs", "--out", str(tmp_path / "none"), "--renew"]) == 2
+    assert "ca.key not found: --renew signs with the CA key" in capsys.readouterr().err
+
+
+def _tls_server(cert: Path, key: Path):
+    """A TLS server on a free loopback port presenting ``cert`` (each handshake, then closed): (address, stop)."""
+    import socket
+    import ssl
+    import threading
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(cert), str(key))
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.5)
+    stopped = threading.Event()
+
+    def serve():
+        while not stopped.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            try:
+                context.wrap_socket(conn, server_side=True).close()
+            except (OSError, ssl.SSLError):
+                conn.close()
+        listener.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"127.0.0.1:{listener.getsockname()[1]}", stopped.set
+
+
+def _wrapped_supernode(tmp_path: Path, address: str, ca: Path, key: Path, retry_for: str = "20"):
+    """The start wrapper running a real flower-supernode against ``address`` until it ends."""
+    from fedpers.apps.deploy import flower_env
+
+    env = flower_env(tmp_path / "home")
+    env["PATH"] = str(BIN) + os.pathsep + env["PATH"]
+    return subprocess.run([sys.executable, "-m", "fedpers.apps.supernode_start", "--retry-for", retry_for, "--",
+                           str(BIN / "flower-supernode"), "--superlink", address, "--root-certificates", str(ca),
+                           "--auth-supernode-private-key", str(key), "--node-config", "partition-id=0 num-partitions=1",
+                           "--host", "127.0.0.1", "--port", str(_free_port()), "--isolation", "process"],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+
+
+def _free_port() -> int:
+    from fedpers.apps.deploy import free_port
+
+    return free_port()
+
+
+def _gave_up(res: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in res.stdout.splitlines() if line.startswith("fedpers-supernode-start:")]
+
+
+@pytest.mark.deployment
+def test_a_supernode_facing_an_expired_certificate_gives_up_at_once_and_says_so(tmp_path):
+    from fedpers.apps.deploy import make_pki
+
+    pki = make_pki(tmp_path / "pki", 1)
+    _expired_certificate(pki.server_cert, pki.ca_key, issuer_pem=pki.ca_cert)
+    address, stop = _tls_server(pki.server_cert, pki.server_key)
+    try:
+        res = _wrapped_supernode(tmp_path, address, pki.ca_cert, pki.node_keys[0])
+    finally:
+        stop()
+    assert res.returncode == 78, res.stdout[-2000:]
+    assert "certificate verify failed: certificate has expired" in res.stdout  # what Flower itself says
+    assert _gave_up(res) == [
+        "fedpers-supernode-start: giving up: the SuperLink's TLS certificate or the CA certificate it is checked "
+        "against (--root-certificates) has expired (certificate has expired): renew them with `fedpers deploy certs "
+        "--renew --out DIR` and restart the proxy, the SuperLink and the SuperNodes (deploy/README.md, "
+        "\"Certificates\")"]
+
+
+@pytest.mark.deployment
+def test_a_supernode_trusting_another_ca_gives_up_at_once_and_says_so(deployment, tmp_path):
+    from fedpers.apps.deploy import make_pki
+
+    other = make_pki(tmp_path / "other", 1)
+    res = _wrapped_supernode(tmp_path, deployment.address, other.ca_cert, deployment.pki.node_keys[0])
+    assert res.returncode == 78
+    (line,) = _gave_up(res)
+    assert line.startswith("fedpers-supernode-start: giving up: the SuperLink's TLS certificate is not signed by the "
+                           "CA this SuperNode trusts (--root-certificates: ")
 
 
 def test_certs_readme_lists_every_name_the_stack_needs():
@@ -345,10 +501,15 @@ def test_unregistered_supernode_is_refused(deployment, tmp_path):
     from fedpers.apps.deploy import make_node_key
 
     rogue = make_node_key(tmp_path / "rogue.key")
-    proc = deployment.start_node(0, key=rogue, name="rogue")
+    proc = deployment.start_node(0, key=rogue, name="rogue", retry_for=3)
     _wait_for(lambda: not proc.alive(), 120, "the unregistered SuperNode to be refused")
-    assert proc.exit_code() not in (0, None)
-    assert "Failed to activate SuperNode" in proc.log_path.read_text()
+    assert proc.exit_code() == 78  # given up: no retry changes the answer
+    log = proc.log_path.read_text()
+    assert "Failed to activate SuperNode" in log and log.count("the SuperLink refused this SuperNode (exit 305") == 2
+    assert log.strip().splitlines()[-1] == (
+        "fedpers-supernode-start: giving up: the SuperLink still refuses this SuperNode's key after 3 s of retries "
+        "(exit 305, Failed to activate SuperNode): the key is not registered with the SuperLink (flwr supernode "
+        "register <its .pub>), or another SuperNode with this key is online")
 
 
 @pytest.mark.deployment
