@@ -758,7 +758,7 @@ def test_default_fleet_bound_fits_the_default_models_and_names_its_key():
         "bound (`fedpers deploy local --fleet-max-object-body`, or FLEET_MAX_OBJECT_BODY for docker compose) to "
         "at least 1m")
     assert [nginx_size(v, "k") for v in ("6m", "512K", "1g", "1048576")] == [6 * MIB, 512 * 1024, 1024 * MIB, MIB]
-    for bad in ("0", "6 MB", "-1", "", "1.5m"):
+    for bad in ("0", "6 MB", "6 m", " 6m", "-1", "", "1.5m"):
         with pytest.raises(FedpersError, match=f"^--fleet-max-object-body: {re.escape(repr(bad))} is not an nginx"):
             nginx_size(bad, "--fleet-max-object-body")
 

@@ -40,7 +40,7 @@ _NGINX_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}
 def nginx_size(text: str, key: str) -> int:
     """Bytes of an nginx size (``6m``, ``512k``, ``1g``, ``1048576``); a FedpersError naming ``key`` when
     ``text`` is not one or is 0 (nginx reads 0 as "no bound", which is what this bound exists to prevent)."""
-    match = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)\s*", str(text))
+    match = re.fullmatch(r"(\d+)([kKmMgG]?)", str(text))  # as nginx reads it: no spaces, no other unit
     if not match or int(match.group(1)) == 0:
         raise FedpersError(f"{key}: {text!r} is not an nginx size above 0 (e.g. 6m, 512k, 1g or a number of bytes)")
     return int(match.group(1)) * _NGINX_UNITS[match.group(2).lower()]
