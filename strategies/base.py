@@ -219,6 +219,7 @@ class FedPersStrategy(ContractSide, Strategy):
         require_fitting_nodes(self.book.current, server_round, len(proxies), self.federation.num_clients,
                               self.cfg.fraction_fit, self.cfg.min_fit_updates)
         self.book.current["fit_clients"] = chosen
+        self.book.fit_sampled.update(chosen)
         ins = FitIns(parameters, self.message_config(server_round))
         self.book.current["bytes_down"] += parameters_nbytes(parameters) * len(chosen)
         if self.book.pending is None:
@@ -257,6 +258,8 @@ class FedPersStrategy(ContractSide, Strategy):
         for proxy, res in results:
             self.book.current["bytes_up"] += parameters_nbytes(res.parameters)
             pid = self.roster.partition_of.get(proxy.cid, "?")
+            if isinstance(pid, int):
+                self.book.fit_answered.add(pid)  # it trained, whether or not its update is valid
             sections, problem = self._upload_of(res, pid)
             if not problem and (not isinstance(pid, int) or pid in valid):
                 problem = "no partition id for this node" if not isinstance(pid, int) else "a second update this round"

@@ -13,8 +13,17 @@ with one line when the nodes that fit the run are fewer than it needs: ``max(min
 number of clients sampled per round)``. A node that refuses is asked again in the next round, so a
 SuperNode restarted with the right node config is taken back.
 
-Kept apart from ``strategies/base.py``: the base strategy calls :func:`note_refusal` where a node does not
-report its partition id and :func:`require_fitting_nodes` after sampling, nothing else.
+Two more cases end the same way. A node whose partition id another connected node already holds is
+refused with a ``refused_nodes`` entry naming that node (:func:`note_duplicate_partition`), the holder
+keeps the partition: before, the later node silently took the partition's place. And a partition that was
+sampled for training and never trained in the whole run (every fit sent to it failed or got no reply: a
+ClientApp runner that stopped, a state directory that is full) ends the run failed at its end, in one line
+(:func:`require_trained_partitions`), instead of "completed" on the other clients' updates.
+
+Kept apart from ``strategies/base.py``: the round roster calls :func:`note_refusal` where a node does not
+report its partition id and :func:`note_duplicate_partition` where it reports a held one, the base strategy
+:func:`require_fitting_nodes` after sampling, and the round book :func:`require_trained_partitions` before
+the run's summary, nothing else.
 """
 
 from __future__ import annotations
@@ -46,12 +55,38 @@ def note_refusal(round_state: dict[str, Any], server_round: int, node: str, exc:
     reason = refusal_reason(exc)
     if reason is None:
         return False
+    record_refusal(round_state, server_round, node, reason)
+    return True
+
+
+def note_duplicate_partition(round_state: dict[str, Any], server_round: int, node: str, partition_id: int,
+                             holder: str) -> None:
+    """Record in ``round_state`` that ``node`` is refused because it reports ``partition_id``, which the
+    connected node ``holder`` holds (two SuperNodes started with the same ``partition-id``)."""
+    record_refusal(round_state, server_round, node,
+                   f"partition-id {partition_id} is held by node {holder} (each SuperNode needs its own partition-id)")
+
+
+def record_refusal(round_state: dict[str, Any], server_round: int, node: str, reason: str) -> None:
+    """One failed client and one ``refused_nodes`` entry for ``node`` in ``round_state``, once per node and
+    round, and a warning."""
     refused = round_state.setdefault("extras", {}).setdefault("refused_nodes", [])
     if all(entry["node"] != str(node) for entry in refused):
         refused.append({"node": str(node), "reason": reason})
         round_state["failures"] = round_state.get("failures", 0) + 1
         log(WARNING, "round %d: node %s refuses this run: %s", server_round, node, reason)
-    return True
+
+
+def require_trained_partitions(sampled: set[int], answered: set[int], rounds: int) -> None:
+    """Stop the run (FedpersError, one line) when a partition was sampled for training in its ``rounds``
+    rounds and never answered a fit (valid or rejected): it never trained, and a summary of the other
+    partitions' training would call the run completed."""
+    never = sorted(set(sampled) - set(answered))
+    if never:
+        raise FedpersError(cut(
+            f"partition(s) {', '.join(map(str, never))} never trained in {rounds} rounds: each fit sent to them "
+            "failed or got no reply (failed_clients in metrics.jsonl; their SuperNode's and ClientApp's logs say "
+            "why, e.g. a stopped ClientApp runner or a full state directory); no summary.json is written", 600))
 
 
 def required_fitting_nodes(num_clients: int, fraction_fit: float, min_fit_updates: int) -> int:

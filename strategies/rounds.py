@@ -33,7 +33,7 @@ from fedpers.core.results import (ACCURACY_PREFIXES, VALIDATION_PREFIX, ResultsW
 from fedpers.core.schema import Config, clients_per_round, pool_size, pooled
 from fedpers.core.seeds import EVALUATION_SAMPLE, derived_seed
 from fedpers.core.wire import PARTITION_ID, carried_evaluation_of, for_partition
-from strategies.refusals import note_refusal
+from strategies.refusals import note_duplicate_partition, note_refusal, require_trained_partitions
 
 PERSONAL_ACC_PREFIX = "acc_"  # extra client metrics "acc_<name>" become "personalized_macro_acc_<name>"
 
@@ -168,7 +168,9 @@ class ClientRoster:
         Waits for all ``num_clients`` nodes before the first round only. Later rounds use the nodes that
         are connected: a lost node's partition is skipped (deployment), a node that (re)joins is asked. A
         node that refuses the run (it does not fit it) is noted in ``round_state``
-        (:func:`strategies.refusals.note_refusal`) and asked again next time.
+        (:func:`strategies.refusals.note_refusal`) and asked again next time; so is a node reporting a
+        partition id that a connected node already holds (:func:`strategies.refusals.note_duplicate_partition`):
+        the holder keeps it, and the newcomer gets it once the holder is gone.
         """
         if pooled(self.cfg):
             return self._pool(client_manager)
@@ -191,11 +193,16 @@ class ClientRoster:
                     continue
                 if not 0 <= pid < self.federation.num_clients:
                     raise FedpersError(f"node {cid} reports partition-id {pid}, outside 0..{self.federation.num_clients - 1}")
+                holder = next((other for other in nodes if other != cid and self.partition_of.get(other) == pid), None)
+                if holder is not None:
+                    note_duplicate_partition({} if round_state is None else round_state, server_round, cid, pid,
+                                             holder)
+                    continue  # asked again next round: the partition is its own once the holder is gone
                 self.partition_of[cid] = pid
         proxies: dict[int, ClientProxy] = {}
         for cid, proxy in nodes.items():
             if cid in self.partition_of:
-                proxies[self.partition_of[cid]] = proxy  # a rejoined node (registered later) wins
+                proxies[self.partition_of[cid]] = proxy
         return proxies
 
     def _pool(self, client_manager: ClientManager) -> PooledClients:
@@ -280,6 +287,10 @@ class RoundBook:
         self.started = time.perf_counter()
         self.totals = {"bytes_up": 0, "bytes_down": 0}
         self.last_fit_digest: dict[int, str] = {}  # partition id -> digest of its state after its last fit
+        # partitions sampled for a fit in any round, and those that answered one (a valid or a rejected
+        # update): a partition in the first set only never trained, which fails the run at its end
+        self.fit_sampled: set[int] = set()
+        self.fit_answered: set[int] = set()
         self.current: RoundState = {}
         # a round whose evaluation waits for the next round's fit replies: {"round": t, "state": its RoundState}
         self.pending: dict[str, Any] | None = None
@@ -407,7 +418,9 @@ class RoundBook:
 
     def write_summary(self) -> None:
         """``summary.json`` (and the curves) from the finished rounds: after the last round, or at once when
-        a resumed run has nothing left to run."""
+        a resumed run has nothing left to run; a FedpersError instead when a sampled partition never trained
+        (:func:`strategies.refusals.require_trained_partitions`)."""
+        require_trained_partitions(self.fit_sampled, self.fit_answered, self.cfg.rounds)
         last = self.history[-1]
         final = {k: v for k, v in last.items() if k.startswith(ACCURACY_PREFIXES)}
         summary = {
@@ -456,6 +469,8 @@ class RoundBook:
             "history": list(self.history),
             "totals": dict(self.totals),
             "last_fit_digest": {str(k): v for k, v in self.last_fit_digest.items()},
+            "fit_sampled": sorted(self.fit_sampled),
+            "fit_answered": sorted(self.fit_answered),
             "elapsed": time.perf_counter() - self.started,
         }
 
@@ -464,6 +479,10 @@ class RoundBook:
         self.history = list(state.get("history", []))
         self.totals = {"bytes_up": 0, "bytes_down": 0, **state.get("totals", {})}
         self.last_fit_digest = {int(k): str(v) for k, v in state.get("last_fit_digest", {}).items()}
+        # a checkpoint written before these were kept: every partition its rounds sampled counts as trained
+        sampled = {int(p) for record in self.history for p in record.get("fit_clients", [])}
+        self.fit_sampled = {int(p) for p in state.get("fit_sampled", sampled)}
+        self.fit_answered = {int(p) for p in state.get("fit_answered", sampled)}
         self.started = time.perf_counter() - float(state.get("elapsed", 0.0))
         self.pending = state.get("pending") or None
         if self.writer is not None:

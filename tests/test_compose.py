@@ -293,10 +293,54 @@ def rule_health_and_ordering(c: dict) -> list[str]:
     return bad
 
 
+def rule_runners_read_the_data_only(c: dict) -> list[str]:
+    """A runner executes the code of whatever run it is handed: it mounts the shared ``data`` volume
+    read-only (no run changes the datasets of the next, or of another node) and does not take it over."""
+    bad = []
+    for name, s in _runners(c["services"], default_profile_only=False).items():
+        for volume in s.get("volumes", []):
+            if isinstance(volume, str) and volume.split(":", 1)[0] == "data" and not volume.endswith(":ro"):
+                bad.append(f"{name} mounts the data volume read-write ({volume})")
+        if "/data" in str((s.get("environment") or {}).get("FEDPERS_OWN_DIRS", "")).split():
+            bad.append(f"{name} takes /data over at start (FEDPERS_OWN_DIRS): a read-only mount cannot be chowned")
+    return bad
+
+
+def rule_every_service_has_a_memory_limit(c: dict) -> list[str]:
+    """Every service has ``mem_limit``: the service key docker-compose 1.29 applies to a Compose
+    Specification file (no ``version:``) without ``--compatibility``, which ``deploy.resources.limits``
+    would need."""
+    bad = []
+    for name, s in c["services"].items():
+        if not re.fullmatch(r"\d+[kmg]", str(s.get("mem_limit", ""))):
+            bad.append(f"{name} has no mem_limit")
+        if (s.get("deploy") or {}).get("resources", {}).get("limits"):
+            bad.append(f"{name} sets deploy.resources.limits, which docker-compose 1.29 ignores")
+    return bad
+
+
+def rule_a_supernode_that_gave_up_waits_and_shows_it(c: dict) -> list[str]:
+    """Under ``restart: unless-stopped`` (which starts a container again whatever its exit status) the
+    SuperNode start wrapper waits after giving up instead of exiting, and the health check reads the cause
+    it writes: no restart loop, and ``docker compose ps`` shows the node unhealthy."""
+    from fedpers.apps.supernode_start import GAVE_UP_FILE
+
+    bad = []
+    for name, s in _supernodes(c["services"]).items():
+        cmd = [str(a) for a in s.get("command") or []]
+        wrapper_opts = cmd[1:cmd.index("--")] if cmd[:1] == [WRAPPER] and "--" in cmd else []
+        if s.get("restart") == "unless-stopped" and "--wait-after-giving-up" not in wrapper_opts:
+            bad.append(f"{name}: its start wrapper exits after giving up, and unless-stopped restarts it forever")
+        if GAVE_UP_FILE.name not in " ".join(map(str, (s.get("healthcheck") or {}).get("test") or [])):
+            bad.append(f"{name}: its health check does not read the wrapper's {GAVE_UP_FILE.name}")
+    return bad
+
+
 RULES = [rule_no_ca_key_or_certs_dir, rule_only_proxy_publishes, rule_superlink_on_loopback_with_the_proxies,
          rule_each_clientapp_on_its_own_node_network, rule_named_files_mounted,
          rule_supernodes_via_proxy, rule_one_runner_per_supernode, rule_superexec_secret_both_ends,
-         rule_health_and_ordering]
+         rule_health_and_ordering, rule_runners_read_the_data_only, rule_every_service_has_a_memory_limit,
+         rule_a_supernode_that_gave_up_waits_and_shows_it]
 
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.__name__)
@@ -354,6 +398,18 @@ BREAKS = {
     "superlink without the secret": (rule_superexec_secret_both_ends, lambda c: c["services"]["superlink"].__setitem__(
         "command", _drop_flag(c["services"]["superlink"]["command"], "--superexec-auth-secret-file"))),
     "no superlink healthcheck": (rule_health_and_ordering, lambda c: c["services"]["superlink"].pop("healthcheck")),
+    "clientapp writes the data": (rule_runners_read_the_data_only, lambda c: c["services"]["clientapp-2"].__setitem__(
+        "volumes", ["state-2:/state", "data:/data"])),
+    "serverapp takes the data over": (rule_runners_read_the_data_only, lambda c: c["services"]["serverapp"][
+        "environment"].__setitem__("FEDPERS_OWN_DIRS", "/results /data")),
+    "supernode exits after giving up": (rule_a_supernode_that_gave_up_waits_and_shows_it, lambda c: c["services"][
+        "supernode-2"]["command"].remove("--wait-after-giving-up")),
+    "supernode without its health check": (rule_a_supernode_that_gave_up_waits_and_shows_it,
+                                           lambda c: c["services"]["supernode-0"].pop("healthcheck")),
+    "superlink without a memory limit": (rule_every_service_has_a_memory_limit,
+                                         lambda c: c["services"]["superlink"].pop("mem_limit")),
+    "a limit compose 1.29 ignores": (rule_every_service_has_a_memory_limit, lambda c: c["services"]["operator"].__setitem__(
+        "deploy", {"resources": {"limits": {"memory": "1g"}}})),
     "serverapp does not wait for health": (rule_health_and_ordering,
                                            lambda c: c["services"]["serverapp"].__setitem__("depends_on", ["runtime-proxy"])),
 }
@@ -460,8 +516,21 @@ def test_template_variables_are_the_compose_ones(compose):
     names = set(re.findall(r"\$\{([A-Z_]+)\}", TEMPLATE.read_text()))
     env = compose["services"]["fleet-proxy"]["environment"]
     assert names == set(env), f"template needs {sorted(names)}, compose sets {sorted(env)}"
-    rendered = _render({k: str(v) for k, v in env.items()})
+    rendered = _render({k: _compose_default(str(v)) for k, v in env.items()})
     assert "${" not in rendered
+
+
+def _compose_default(value: str) -> str:
+    """``value`` as compose interpolates it when the variables it names are unset (``${NAME:-default}``)."""
+    return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", value)
+
+
+def test_the_fleet_bound_is_one_value_for_the_proxy_and_the_serverapp(compose):
+    from fedpers.apps.fleet_bodies import DEFAULT_FLEET_MAX_OBJECT_BODY, FLEET_BOUND_ENV
+
+    proxy = compose["services"]["fleet-proxy"]["environment"]["FLEET_MAX_OBJECT_BODY"]
+    assert proxy == compose["services"]["serverapp"]["environment"][FLEET_BOUND_ENV]
+    assert _compose_default(proxy) == DEFAULT_FLEET_MAX_OBJECT_BODY and proxy.startswith("${FLEET_MAX_OBJECT_BODY:-")
 
 
 def _free_port() -> int:
@@ -480,7 +549,8 @@ def test_template_renders_and_nginx_accepts_it(tmp_path):
     conf = _render({
         "SUPERLINK_ADDRESS": "127.0.0.1:9", "FLEET_LISTEN": f"127.0.0.1:{_free_port()}",
         "CONTROL_LISTEN": f"127.0.0.1:{_free_port()}", "PROXY_CERT": str(pki.server_cert),
-        "PROXY_KEY": str(pki.server_key), "SUPERLINK_TLS_NAME": "superlink", "SUPERLINK_CA": str(pki.ca_cert)})
+        "PROXY_KEY": str(pki.server_key), "SUPERLINK_TLS_NAME": "superlink", "SUPERLINK_CA": str(pki.ca_cert),
+        "FLEET_MAX_OBJECT_BODY": "6m"})
     assert "${" not in conf
     (tmp_path / "fleet-proxy.conf").write_text(conf)
     for d in ("body", "proxy", "fastcgi", "uwsgi", "scgi", "logs"):

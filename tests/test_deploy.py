@@ -191,12 +191,168 @@ def test_deploy_cli_certs_and_bad_input(tmp_path, capsys):
 
 
 def _cert_names(pem: Path) -> list[str]:
-    """The subject alternative names of a certificate, in order (DNS names and IP addresses as text)."""
+    from fedpers.apps.deploy import certificate_names
+
+    return certificate_names(pem)
+
+
+def _days_left(pem: Path) -> float:
+    from fedpers.apps.deploy import certificate_expiry
+
+    return (certificate_expiry(pem) - __import__("datetime").datetime.now(__import__("datetime").timezone.utc)).total_seconds() / 86400
+
+
+def _expired_certificate(pem: Path, signer_key: Path, issuer_pem: Path | None = None) -> None:
+    """Replace the certificate in ``pem`` by one with the same subject, names and public key that expired a
+    day ago, signed with ``signer_key`` (itself, for a CA; ``issuer_pem``'s subject as issuer otherwise)."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+
+    old = x509.load_pem_x509_certificate(pem.read_bytes())
+    issuer = x509.load_pem_x509_certificate(issuer_pem.read_bytes()).subject if issuer_pem else old.subject
+    now = dt.datetime.now(dt.timezone.utc)
+    builder = (x509.CertificateBuilder().subject_name(old.subject).issuer_name(issuer).public_key(old.public_key())
+               .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(days=31))
+               .not_valid_after(now - dt.timedelta(days=1)))
+    for extension in old.extensions:
+        builder = builder.add_extension(extension.value, extension.critical)
+    key = serialization.load_pem_private_key(signer_key.read_bytes(), None)
+    pem.write_bytes(builder.sign(key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
+
+
+def test_certs_validity_is_an_option_bounded_and_said(tmp_path, capsys):
+    from fedpers.apps.cli import main
+    from fedpers.apps.deploy import MAX_CERT_DAYS
+
+    assert main(["deploy", "certs", "--out", str(tmp_path / "c"), "--days", "365"]) == 0
+    out = capsys.readouterr().out
+    for pem in ("ca.crt", "server.pem"):
+        assert 364.9 < _days_left(tmp_path / "c" / pem) <= 365
+    assert re.search(r"; valid until \d{4}-\d\d-\d\d \d\d:\d\d UTC \(365 days\): renew before then with "
+                     r"`fedpers deploy certs --renew --out .*/c`$", out.strip()), out
+    assert main(["deploy", "certs", "--out", str(tmp_path / "d")]) == 0  # the default: 30 days
+    assert 29.9 < _days_left(tmp_path / "d" / "server.pem") <= 30
+    for days in ("0", str(MAX_CERT_DAYS + 1)):
+        assert main(["deploy", "certs", "--out", str(tmp_path / "e"), "--days", days]) == 2
+        assert capsys.readouterr().err.strip() == (
+            f"fedpers: error: --days must be 1..{MAX_CERT_DAYS} (the longest a TLS server certificate may be valid for "
+            f"Apple's platforms, which an edge SuperNode may run on), got {days}")
+    assert not (tmp_path / "e").exists()
+
+
+def test_renewal_keeps_the_ca_key_the_node_keys_and_the_secret_and_the_old_ca_still_verifies(tmp_path, capsys):
     from cryptography import x509
 
-    cert = x509.load_pem_x509_certificate(pem.read_bytes())
-    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    return [str(getattr(name, "value", name)) for name in sans]
+    from fedpers.apps.cli import main
+
+    c = tmp_path / "c"
+    assert main(["deploy", "certs", "--out", str(c), "--nodes", "2", "--host", "fl.example.org", "--days", "5"]) == 0
+    kept = {name: (c / name).read_bytes() for name in ("ca.key", "supernode-0.key", "supernode-0.key.pub",
+                                                      "supernode-1.key", "superexec.secret")}
+    old_ca = x509.load_pem_x509_certificate((c / "ca.crt").read_bytes())
+    old_server_key = (c / "server.key").read_bytes()
+    _expired_certificate(c / "ca.crt", c / "ca.key")  # even an expired CA certificate is renewed
+    capsys.readouterr()
+    assert main(["deploy", "certs", "--out", str(c), "--renew", "--days", "90", "--host", "edge.example.org"]) == 0
+    assert capsys.readouterr().out.startswith(f"fedpers | renewed: CA {c}/ca.crt (same key), SuperLink certificate ")
+    assert {name: (c / name).read_bytes() for name in kept} == kept  # registrations and runners unchanged
+    assert (c / "server.key").read_bytes() != old_server_key and oct((c / "server.key").stat().st_mode & 0o777) == "0o600"
+    assert 89.9 < _days_left(c / "ca.crt") <= 90 and 89.9 < _days_left(c / "server.pem") <= 90
+    assert _cert_names(c / "server.pem") == ["fleet-proxy", "runtime-proxy", "superlink", "localhost", "127.0.0.1",
+                                             "fl.example.org", "edge.example.org"]
+    server = x509.load_pem_x509_certificate((c / "server.pem").read_bytes())
+    server.verify_directly_issued_by(x509.load_pem_x509_certificate((c / "ca.crt").read_bytes()))
+    server.verify_directly_issued_by(old_ca)  # a SuperNode that still holds the previous ca.crt trusts it
+    assert main(["deploy", "certs", "--out", str(c), "--renew", "--force"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "fedpers: error: --renew keeps the CA key and the SuperNode keys: leave out --force and --nodes")
+    assert main(["deploy", "certs", "--out", str(tmp_path / "none"), "--renew"]) == 2
+    assert "ca.key not found: --renew signs with the CA key" in capsys.readouterr().err
+
+
+def _tls_server(cert: Path, key: Path):
+    """A TLS server on a free loopback port presenting ``cert`` (each handshake, then closed): (address, stop)."""
+    import socket
+    import ssl
+    import threading
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(cert), str(key))
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.5)
+    stopped = threading.Event()
+
+    def serve():
+        while not stopped.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            try:
+                context.wrap_socket(conn, server_side=True).close()
+            except (OSError, ssl.SSLError):
+                conn.close()
+        listener.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"127.0.0.1:{listener.getsockname()[1]}", stopped.set
+
+
+def _wrapped_supernode(tmp_path: Path, address: str, ca: Path, key: Path, retry_for: str = "20"):
+    """The start wrapper running a real flower-supernode against ``address`` until it ends."""
+    from fedpers.apps.deploy import flower_env
+
+    env = flower_env(tmp_path / "home")
+    env["PATH"] = str(BIN) + os.pathsep + env["PATH"]
+    return subprocess.run([sys.executable, "-m", "fedpers.apps.supernode_start", "--retry-for", retry_for, "--",
+                           str(BIN / "flower-supernode"), "--superlink", address, "--root-certificates", str(ca),
+                           "--auth-supernode-private-key", str(key), "--node-config", "partition-id=0 num-partitions=1",
+                           "--host", "127.0.0.1", "--port", str(_free_port()), "--isolation", "process"],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+
+
+def _free_port() -> int:
+    from fedpers.apps.deploy import free_port
+
+    return free_port()
+
+
+def _gave_up(res: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in res.stdout.splitlines() if line.startswith("fedpers-supernode-start:")]
+
+
+@pytest.mark.deployment
+def test_a_supernode_facing_an_expired_certificate_gives_up_at_once_and_says_so(tmp_path):
+    from fedpers.apps.deploy import make_pki
+
+    pki = make_pki(tmp_path / "pki", 1)
+    _expired_certificate(pki.server_cert, pki.ca_key, issuer_pem=pki.ca_cert)
+    address, stop = _tls_server(pki.server_cert, pki.server_key)
+    try:
+        res = _wrapped_supernode(tmp_path, address, pki.ca_cert, pki.node_keys[0])
+    finally:
+        stop()
+    assert res.returncode == 78, res.stdout[-2000:]
+    assert "certificate verify failed: certificate has expired" in res.stdout  # what Flower itself says
+    assert _gave_up(res) == [
+        "fedpers-supernode-start: giving up: the SuperLink's TLS certificate or the CA certificate it is checked "
+        "against (--root-certificates) has expired (certificate has expired): renew them with `fedpers deploy certs "
+        "--renew --out DIR` and restart the proxy, the SuperLink and the SuperNodes (deploy/README.md, "
+        "\"Certificates\")"]
+
+
+@pytest.mark.deployment
+def test_a_supernode_trusting_another_ca_gives_up_at_once_and_says_so(deployment, tmp_path):
+    from fedpers.apps.deploy import make_pki
+
+    other = make_pki(tmp_path / "other", 1)
+    res = _wrapped_supernode(tmp_path, deployment.address, other.ca_cert, deployment.pki.node_keys[0])
+    assert res.returncode == 78
+    (line,) = _gave_up(res)
+    assert line.startswith("fedpers-supernode-start: giving up: the SuperLink's TLS certificate is not signed by the "
+                           "CA this SuperNode trusts (--root-certificates: ")
 
 
 def test_certs_readme_lists_every_name_the_stack_needs():
@@ -345,10 +501,15 @@ def test_unregistered_supernode_is_refused(deployment, tmp_path):
     from fedpers.apps.deploy import make_node_key
 
     rogue = make_node_key(tmp_path / "rogue.key")
-    proc = deployment.start_node(0, key=rogue, name="rogue")
+    proc = deployment.start_node(0, key=rogue, name="rogue", retry_for=3)
     _wait_for(lambda: not proc.alive(), 120, "the unregistered SuperNode to be refused")
-    assert proc.exit_code() not in (0, None)
-    assert "Failed to activate SuperNode" in proc.log_path.read_text()
+    assert proc.exit_code() == 78  # given up: no retry changes the answer
+    log = proc.log_path.read_text()
+    assert "Failed to activate SuperNode" in log and log.count("the SuperLink refused this SuperNode (exit 305") == 2
+    assert log.strip().splitlines()[-1] == (
+        "fedpers-supernode-start: giving up: the SuperLink still refuses this SuperNode's key after 3 s of retries "
+        "(exit 305, Failed to activate SuperNode): the key is not registered with the SuperLink (flwr supernode "
+        "register <its .pub>), or another SuperNode with this key is online")
 
 
 @pytest.mark.deployment
@@ -562,6 +723,172 @@ def test_superexec_needs_the_shared_secret(tmp_path):
         assert "launch" not in rogue.log_path.read_text().lower()
 
 
+# ------------------------------------------------------------------------------------------------
+# the proxy's body bound: what an unsigned request can make the SuperLink read
+# ------------------------------------------------------------------------------------------------
+def test_fleet_bodies_are_flowers_objects_chunked_at_5_mib():
+    from fedpers.apps.fleet_bodies import MIB, fleet_bodies_of
+
+    small = fleet_bodies_of([np.zeros((256, 1024), np.float32)], {"train_loss": 0.5})  # 1 MiB of floats
+    assert small.upload == MIB and MIB < small.push_object < MIB + 1024  # the array, its npy header, the request
+    # a 12 MiB array travels as 5 MiB chunks: the largest body is one chunk, not the array
+    big = fleet_bodies_of([np.zeros((3, 1024, 1024), np.float32)], {"train_loss": 0.5})
+    assert big.upload == 12 * MIB and 5 * MIB < big.push_object < 5 * MIB + 1024
+    # the record listing the arrays and the object tree of push-messages grow with the number of arrays (about
+    # 140 bytes each), not with their size
+    many = fleet_bodies_of([np.full(4, i, np.float32) for i in range(200)], {})
+    assert big.push_messages < 4096 and 200 * 100 < many.push_messages < 200 * 200
+    assert 200 * 100 < many.push_object < 200 * 200  # the ArrayRecord, the largest of its objects
+
+
+def test_default_fleet_bound_fits_the_default_models_and_names_its_key():
+    from fedpers.apps.fleet_bodies import DEFAULT_FLEET_MAX_OBJECT_BODY, MIB, check_fleet_bound, fleet_bodies, nginx_size
+
+    bound = nginx_size(DEFAULT_FLEET_MAX_OBJECT_BODY, "x")
+    assert bound == 6 * MIB
+    for method in ("pfedkdh", "scaffold", "fedeagd"):  # whole model, two model-sized sections, se_cnn backbone
+        bodies = check_fleet_bound(build_config(tiny_overrides(method=method)), bound)
+        assert bodies.push_object < 5 * MIB + 1024
+    bodies = fleet_bodies(build_config(tiny_overrides()))
+    with pytest.raises(FedpersError) as info:
+        check_fleet_bound(build_config(tiny_overrides()), 1024)
+    assert str(info.value) == (
+        f"a client of this run sends push-object bodies of {bodies.push_object} bytes "
+        f"({bodies.push_object / MIB:.2f} MiB), more than the Fleet proxy accepts (1024 bytes): raise the proxy's "
+        "bound (`fedpers deploy local --fleet-max-object-body`, or FLEET_MAX_OBJECT_BODY for docker compose) to "
+        "at least 1m")
+    assert [nginx_size(v, "k") for v in ("6m", "512K", "1g", "1048576")] == [6 * MIB, 512 * 1024, 1024 * MIB, MIB]
+    for bad in ("0", "6 MB", "6 m", " 6m", "-1", "", "1.5m"):
+        with pytest.raises(FedpersError, match=f"^--fleet-max-object-body: {re.escape(repr(bad))} is not an nginx"):
+            nginx_size(bad, "--fleet-max-object-body")
+
+
+def test_deploy_local_refuses_a_run_larger_than_the_bound_before_anything_starts(tmp_path, capsys):
+    from fedpers.apps.cli import main
+
+    args = ["deploy", "local", "--clients", "3", "--out", str(tmp_path / "o")]
+    sets = [a for k, v in tiny_overrides().items() if k != "num_clients" for a in ("--set", f"{k}={v}")]
+    assert main(args + sets + ["--fleet-max-object-body", "0"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "fedpers: error: --fleet-max-object-body: '0' is not an nginx size above 0 (e.g. 6m, 512k, 1g or a number "
+        "of bytes)")
+    assert main(args + sets + ["--fleet-max-object-body", "4k"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fedpers: error: a client of this run sends push-object bodies of ") and "\n" not in err
+    assert "--fleet-max-object-body" in err and not (tmp_path / "o" / "deploy").exists()  # nothing started
+
+
+def test_server_app_checks_a_run_against_the_proxy_bound_it_is_given(monkeypatch):
+    from fedpers.apps.fleet_bodies import FLEET_BOUND_ENV
+    from fedpers.apps.server_app import check_fleet_proxy_bound
+
+    cfg = build_config(tiny_overrides())
+    monkeypatch.delenv(FLEET_BOUND_ENV, raising=False)
+    check_fleet_proxy_bound(cfg)  # no bound given (a simulation): nothing to check
+    monkeypatch.setenv(FLEET_BOUND_ENV, "6m")
+    check_fleet_proxy_bound(cfg)
+    monkeypatch.setenv(FLEET_BOUND_ENV, "2k")
+    with pytest.raises(FedpersError, match="more than the Fleet proxy accepts \\(2048 bytes\\)"):
+        check_fleet_proxy_bound(cfg)
+
+
+def test_the_deployment_engine_bounds_a_round_unless_the_run_sets_a_bound(monkeypatch):
+    from flwr.superlink.grid import InMemoryGrid
+
+    from fedpers.apps import server_app
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def record(context):
+        seen.append(context.run_config.get("round_timeout"))
+        raise Stop
+
+    monkeypatch.setattr(server_app, "server_fn", record)
+    monkeypatch.delenv("FEDPERS_FLEET_MAX_OBJECT_BODY", raising=False)
+    for grid, timeout in ((object(), 0.0), (object(), 60.0), (InMemoryGrid.__new__(InMemoryGrid), 0.0)):
+        config = {**build_config(tiny_overrides()).to_dict(), "round_timeout": timeout}
+        with pytest.raises(Stop):
+            server_app.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=config))
+    # deployed: 0 becomes the deployment default, a bound the run sets is kept; simulated: 0 stays "no limit"
+    assert seen == [server_app.DEPLOYMENT_ROUND_TIMEOUT, 60.0, 0.0] and server_app.DEPLOYMENT_ROUND_TIMEOUT == 1800.0
+
+
+def _rss_mib(pid: int) -> float:
+    """Resident memory of ``pid`` in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def _post_unsigned(address: str, ca: Path, path: str, size: int, chunked: bool) -> str:
+    """The status code ``size`` bytes of zeros POSTed to ``path`` without a node signature get (Content-Length
+    or chunked): the request `make compose-check` sends the compose stack (deploy/compose/probe.py)."""
+    import importlib.util
+    import ssl
+
+    spec = importlib.util.spec_from_file_location("compose_probe", ROOT / "deploy" / "compose" / "probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    return probe.post_body(f"https://{address}{path}", size, chunked, ssl.create_default_context(cafile=str(ca)))
+
+
+@pytest.mark.deployment
+def test_an_oversized_unsigned_push_object_is_refused_by_the_proxy(deployment):
+    from fedpers.apps.fleet_bodies import MIB, nginx_size
+
+    bound = nginx_size(deployment.max_object_body, "bound")
+    pid = deployment.superlink.pid
+    before = _rss_mib(pid)
+    for chunked in (False, True):  # a declared length is refused at once; a chunked body where it passes the bound
+        status = _post_unsigned(deployment.address, deployment.pki.ca_cert, "/v1/fleet/push-object", 128 * MIB,
+                                chunked)
+        assert status == "413", (chunked, status)
+    # every other Fleet path is bounded at 1 MiB
+    assert _post_unsigned(deployment.address, deployment.pki.ca_cert, "/v1/fleet/push-messages", 2 * MIB, False) == "413"
+    time.sleep(1.0)
+    # 2 x 128 MiB sent: the SuperLink saw at most the bound's worth of one (it used to read it all, and keep it)
+    assert _rss_mib(pid) - before < 4 * bound / MIB, (before, _rss_mib(pid))
+    # a body within the bound still reaches the SuperLink, whose node authentication answers it
+    assert _post_unsigned(deployment.address, deployment.pki.ca_cert, "/v1/fleet/push-object", MIB, False) in (
+        "400", "401")
+
+
+def _handshake(address: str, ca: Path, version, ciphers: str | None = None) -> tuple[str, str] | None:
+    """(TLS version, cipher suite) of a handshake with ``address`` offering only ``version`` (and ``ciphers``),
+    None when the server refuses it."""
+    import socket
+    import ssl
+
+    host, port = address.rsplit(":", 1)
+    context = ssl.create_default_context(cafile=str(ca))
+    context.minimum_version = context.maximum_version = version
+    if ciphers:
+        context.set_ciphers(ciphers)
+    try:
+        with context.wrap_socket(socket.create_connection((host, int(port)), timeout=10), server_hostname=host) as tls:
+            return str(tls.version()), tls.cipher()[0]
+    except ssl.SSLError:
+        return None
+
+
+@pytest.mark.deployment
+def test_the_proxy_speaks_tls_12_and_13_with_aead_suites_only(deployment):
+    import ssl
+
+    ca = deployment.pki.ca_cert
+    for address in (deployment.address, deployment.control_address):
+        # SHA-1 (and SHA-256) CBC suites of TLS 1.2: refused (nginx's own default list accepts them)
+        for suite in ("ECDHE-ECDSA-AES128-SHA", "ECDHE-RSA-AES128-SHA", "ECDHE-ECDSA-AES256-SHA384"):
+            assert _handshake(address, ca, ssl.TLSVersion.TLSv1_2, suite) is None, (address, suite)
+        assert _handshake(address, ca, ssl.TLSVersion.TLSv1_2, "ECDHE-ECDSA-AES128-GCM-SHA256") == (
+            "TLSv1.2", "ECDHE-ECDSA-AES128-GCM-SHA256")
+        assert _handshake(address, ca, ssl.TLSVersion.TLSv1_3)[0] == "TLSv1.3"
+
+
 def test_deploy_without_nginx_is_one_line_before_anything_starts(tmp_path, monkeypatch):
     from fedpers.apps import deploy
 
@@ -585,4 +912,5 @@ def test_proxy_template_renders_every_variable(tmp_path):
     assert conf.count("return 403;") == 2
     assert set(re.findall(r"\$\{(\w+)\}", PROXY_TEMPLATE.read_text())) == {
         "SUPERLINK_ADDRESS", "FLEET_LISTEN", "CONTROL_LISTEN", "PROXY_CERT", "PROXY_KEY", "SUPERLINK_CA",
-        "SUPERLINK_TLS_NAME"}
+        "SUPERLINK_TLS_NAME", "FLEET_MAX_OBJECT_BODY"}
+    assert "location = /v1/fleet/push-object" in conf and "client_max_body_size 6m;" in conf

@@ -65,3 +65,101 @@ def test_fewer_fitting_nodes_than_needed_stop_the_run_in_one_line():
     assert "\n" not in str(info.value)
     require_fitting_nodes(refused, 1, fitting=2, num_clients=4, fraction_fit=0.5, min_fit_updates=1)  # enough
     require_fitting_nodes({"failures": 0}, 1, fitting=0, num_clients=4, fraction_fit=0.5, min_fit_updates=1)  # none refused
+
+
+# --- a partition held by another node, a partition that never trains ----------------------------------------
+class _Proxy:
+    """A connected node as the roster sees it: its id and the partition id it reports."""
+
+    def __init__(self, cid: str, partition_id: int):
+        self.cid, self.partition_id = cid, partition_id
+
+    def get_properties(self, ins, timeout, group_id):
+        from flwr.common import Code, GetPropertiesRes, Status
+
+        return GetPropertiesRes(Status(Code.OK, ""), {"partition_id": self.partition_id})
+
+
+class _Manager:
+    def __init__(self, proxies):
+        self.nodes = {p.cid: p for p in proxies}
+
+    def wait_for(self, num_clients, timeout=86400):
+        return True
+
+    def all(self):
+        return dict(self.nodes)
+
+
+def _roster(num_clients: int = 3):
+    from fedpers.core.federation import get_federation
+    from fedpers.registry.config import build_config
+    from strategies.rounds import ClientRoster
+    from tests.conftest import tiny_overrides
+
+    cfg = build_config(tiny_overrides(num_clients=num_clients))
+    return ClientRoster(cfg, get_federation(cfg))
+
+
+def test_a_node_claiming_a_held_partition_is_refused_and_the_holder_keeps_it():
+    roster = _roster()
+    manager = _Manager([_Proxy("11", 0), _Proxy("12", 1), _Proxy("13", 2), _Proxy("14", 1)])
+    round_state: dict = {}
+    proxies = roster.proxies(manager, 1, round_state)
+    assert {p: proxy.cid for p, proxy in proxies.items()} == {0: "11", 1: "12", 2: "13"}
+    assert round_state == {"failures": 1, "extras": {"refused_nodes": [
+        {"node": "14", "reason": "partition-id 1 is held by node 12 (each SuperNode needs its own partition-id)"}]}}
+    # the next round asks the refused node again: refused while the holder is connected ...
+    round_state = {}
+    roster.proxies(manager, 2, round_state)
+    assert round_state["extras"]["refused_nodes"][0]["node"] == "14"
+    # ... and given the partition once the holder is gone
+    del manager.nodes["12"]
+    round_state = {}
+    assert {p: proxy.cid for p, proxy in roster.proxies(manager, 3, round_state).items()} == {0: "11", 1: "14", 2: "13"}
+    assert round_state == {}
+
+
+def test_a_sampled_partition_that_never_answered_a_fit_ends_the_run_in_one_line():
+    from strategies.refusals import require_trained_partitions
+
+    require_trained_partitions({0, 1, 2}, {0, 1, 2}, 5)
+    require_trained_partitions({0, 2}, {0, 2}, 5)  # partition 1 never sampled: never asked, not a failure
+    with pytest.raises(FedpersError) as info:
+        require_trained_partitions({0, 1, 2}, {0}, 5)
+    assert str(info.value) == (
+        "partition(s) 1, 2 never trained in 5 rounds: each fit sent to them failed or got no reply (failed_clients "
+        "in metrics.jsonl; their SuperNode's and ClientApp's logs say why, e.g. a stopped ClientApp runner or a "
+        "full state directory); no summary.json is written")
+
+
+def test_a_partition_whose_state_dir_is_full_fails_the_run_instead_of_completing_it(tmp_path, monkeypatch):
+    """Partition 2 cannot save its state (ENOSPC) in any round: the rounds go on with the other two
+    (min_fit_updates=1), every round records its failure, and the run ends failed without a summary."""
+    import errno
+    import json
+
+    from fedpers.apps.inprocess import run_in_process
+    from fedpers.core.state_store import ClientStateStore
+    from fedpers.registry.config import build_config
+    from tests.conftest import tiny_overrides
+
+    save = ClientStateStore.save
+
+    def full_for_partition_2(self, name, arrays, **kwargs):
+        if self.partition_id == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return save(self, name, arrays, **kwargs)
+
+    monkeypatch.setattr(ClientStateStore, "save", full_for_partition_2)
+    cfg = build_config(tiny_overrides(rounds=2, out_dir=str(tmp_path / "run"), client_state_dir=str(tmp_path / "state"),
+                                      checkpoint_dir=str(tmp_path / "ckpt")))
+    with pytest.raises(FedpersError, match=r"^partition\(s\) 2 never trained in 2 rounds: "):
+        run_in_process(cfg)
+    rounds = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rounds] == [1, 2] and all(r["failed_clients"] >= 1 for r in rounds)
+    assert not (tmp_path / "run" / "summary.json").exists()
+    # a resume of the finished rounds keeps the verdict (the checkpoint holds who trained)
+    with pytest.raises(FedpersError, match=r"^partition\(s\) 2 never trained"):
+        run_in_process(cfg.replace(resume=True))
+    assert not (tmp_path / "run" / "summary.json").exists()

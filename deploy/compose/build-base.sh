@@ -9,8 +9,24 @@
 set -euo pipefail
 IMAGE="${1:-${FEDPERS_LOCAL_BASE:-fedpers/local-base:bookworm}}"
 ROOT_DIR="$(cd "$(dirname "$0")/../.." && pwd)"
+# torch: the version requirements.lock pins (the CPU wheel of it where /opt/wheels has one). BASE_TORCH=<a
+# requirement or wheel path> builds on another one instead, said in the output and in the image's label.
+LOCKED_TORCH="$(sed -n 's/^torch==//p' "$ROOT_DIR/requirements.lock" | head -1)"
+[ -n "$LOCKED_TORCH" ] || { echo "build-base.sh: requirements.lock pins no torch" >&2; exit 1; }
+if [ -n "${BASE_TORCH:-}" ]; then
+  TORCH_WHEEL="$BASE_TORCH"
+  echo "build-base.sh: BASE_TORCH=$BASE_TORCH: the images get this torch, not the locked $LOCKED_TORCH"
+else
+  TORCH_WHEEL="$(ls /opt/wheels/torch-"$LOCKED_TORCH"+cpu-cp311-*.whl 2>/dev/null | tail -1 || true)"
+  TORCH_WHEEL="${TORCH_WHEEL:-torch==$LOCKED_TORCH}"
+fi
+# A cached image is reused only if it was built on the same torch (its label says which).
 if docker image inspect "$IMAGE" >/dev/null 2>&1 && [ "${REBUILD_BASE:-0}" != 1 ]; then
-  echo "base image $IMAGE exists (cached; REBUILD_BASE=1 rebuilds it)"; exit 0
+  BUILT_ON="$(docker image inspect -f '{{index .Config.Labels "fedpers.torch"}}' "$IMAGE" 2>/dev/null || true)"
+  if [ "$BUILT_ON" = "$TORCH_WHEEL" ]; then
+    echo "base image $IMAGE exists (cached, torch $TORCH_WHEEL; REBUILD_BASE=1 rebuilds it)"; exit 0
+  fi
+  echo "base image $IMAGE was built on torch '${BUILT_ON:-unknown}', not $TORCH_WHEEL: rebuilding it"
 fi
 [ "$(id -u)" = 0 ] || { echo "build-base.sh: debootstrap and chroot need root" >&2; exit 1; }
 command -v debootstrap >/dev/null || { echo "build-base.sh: debootstrap missing: apt-get install debootstrap" >&2; exit 1; }
@@ -62,14 +78,11 @@ cp "$RFS/etc/ssl/certs/ca-certificates.crt" "$RFS/tmp/fedpers/debian-ca-certific
 cp -L "$PIP_CERT_FILE" "$RFS/etc/ssl/certs/ca-certificates.crt"
 # The project's lock minus torch/CUDA: the image uses the CPU torch wheel found in /opt/wheels.
 grep -vE '^(torch|torchvision|triton|nvidia-|cuda-)' "$ROOT_DIR/requirements.lock" >"$RFS/tmp/fedpers/constraints.txt"
-# torch: this machine's CPU wheel if it has one (no CUDA libraries in the image), else the locked version
-# from the pip indexes this machine is set up with.
-TORCH_WHEEL="$(ls /opt/wheels/torch-*+cpu-cp311-*.whl 2>/dev/null | sort -V | tail -1 || true)"
-if [ -z "$TORCH_WHEEL" ]; then
-  TORCH_WHEEL="$(grep -E '^torch==' "$ROOT_DIR/requirements.lock" | head -1)"
-  TORCH_WHEEL="${TORCH_WHEEL:-torch}"
-  echo "no CPU torch wheel (torch-*+cpu-cp311-*.whl) in /opt/wheels: installing $TORCH_WHEEL from the pip indexes"
-fi
+# torch (TORCH_WHEEL, above): the locked version's CPU wheel if /opt/wheels has it (no CUDA libraries in
+# the image), else the locked version from the pip indexes this machine is set up with.
+case "$TORCH_WHEEL" in
+  torch==*) echo "no CPU wheel torch-$LOCKED_TORCH+cpu-cp311-*.whl in /opt/wheels: installing $TORCH_WHEEL from the pip indexes";;
+esac
 cat >"$RFS/tmp/fedpers/install.sh" <<SH
 set -eu
 rm -f /etc/nginx/sites-enabled/default           # only the rendered fleet-proxy.conf listens
@@ -95,6 +108,6 @@ rm -f "$RFS/etc/pip.conf"; : >"$RFS/etc/resolv.conf"   # docker provides resolv.
 # PATH and user as in Flower's images (venv first, uid 49999, workdir /app).
 tar -C "$RFS" -c . | docker import \
   -c 'ENV PATH=/python/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-  -c 'ENV LANG=C.UTF-8' -c 'WORKDIR /app' -c 'USER app' \
+  -c 'ENV LANG=C.UTF-8' -c 'WORKDIR /app' -c 'USER app' -c "LABEL fedpers.torch=$TORCH_WHEEL" \
   -m "fedpers local base: debootstrap bookworm + python deps (build-base.sh)" - "$IMAGE" >/dev/null
 echo "base image $IMAGE built in $(( $(date +%s) - t0 )) s"

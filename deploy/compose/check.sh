@@ -7,12 +7,15 @@
 #     short digits run submitted from the operator container (Control API on 127.0.0.1:9095 of
 #     fleet-proxy's network namespace), 5. run finished + metrics in the results volume,
 #  6. reachability probes (deploy/compose/probe.py) from inside containers, from the host and from a second
-#     network namespace routed through the host, 7. a SuperNode killed and restarted at once rejoins,
+#     network namespace routed through the host,
+#  6b. unsigned bodies above the Fleet proxy's bounds get 413 and leave the SuperLink's memory as it was; the
+#     proxy's TLS policy (no SHA-1/CBC suites), 7. a SuperNode killed and restarted at once rejoins,
 #  8. a run the nodes do not fit ends failed with its one-line reason, 9. published ports, users, secrets,
-#  10. teardown by project name (always, also on failure or Ctrl-C).
+#     memory limits, the runners' read-only data volume, 10. teardown by project name (always, also on failure
+#     or Ctrl-C), and the dockerd prereqs.sh started, if it started one.
 # Env: FEDPERS_BIN (dir with fedpers; default .venv/bin), CHECK_OUT (log; default
 # results/compose-check/compose-check-<UTC time>.out, never an existing file), CHECK_PROJECT (default
-# fedpers-check), KEEP_CHECK_DIR=1.
+# fedpers-check), KEEP_CHECK_DIR=1, KEEP_DOCKERD=1 (leave running a dockerd this check started).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BIN="${FEDPERS_BIN:-.venv/bin}"
@@ -25,9 +28,24 @@ exec > >(tee "$OUT") 2>&1
 T0=$(date +%s)
 step() { echo; echo "== [$(( $(date +%s) - T0 )) s] $*"; }
 fail() { echo "compose-check FAILED: $*"; exit 1; }
+stop_started_dockerd() {  # the dockerd prereqs.sh started for this check, by its PID, and no other
+  local how pid
+  how=$(cat "$FEDPERS_DOCKERD_STARTED" 2>/dev/null); rm -f "$FEDPERS_DOCKERD_STARTED"
+  [ -n "$how" ] && [ "${KEEP_DOCKERD:-0}" != 1 ] || return 0
+  if [ "$how" = systemd ]; then
+    echo "compose-check: stopping the docker service it started"; systemctl stop docker.socket docker.service
+  elif [ "$(cat "/proc/${how#pid }/comm" 2>/dev/null)" = dockerd ]; then
+    pid=${how#pid }
+    echo "compose-check: stopping the dockerd it started (pid $pid)"
+    kill -TERM "$pid"
+    for _ in $(seq 1 60); do [ -e "/proc/$pid" ] || break; sleep 0.5; done
+  fi
+}
 
 step "0. prerequisites (deploy/compose/prereqs.sh)"
-deploy/compose/prereqs.sh fedpers/local-base:bookworm || exit 1
+# prereqs.sh records a dockerd it starts here; the teardown stops that one (KEEP_DOCKERD=1: leave it).
+export FEDPERS_DOCKERD_STARTED="$(mktemp /tmp/fedpers-dockerd-started.XXXXXX)"
+deploy/compose/prereqs.sh fedpers/local-base:bookworm || { stop_started_dockerd; exit 1; }
 WORK="$(mktemp -d /tmp/fedpers-compose-check.XXXXXX)"
 export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 # This checkout's code for `fedpers deploy certs` (the images are built from it too), whatever checkout
@@ -64,6 +82,7 @@ teardown() {
        "networks=$(docker network ls -q --filter "label=com.docker.compose.project=$PROJECT" | wc -l)" \
        "volumes=$(docker volume ls -q --filter "label=com.docker.compose.project=$PROJECT" | wc -l)"
   [ "${KEEP_CHECK_DIR:-0}" = 1 ] || rm -rf "$WORK"
+  stop_started_dockerd
   echo "compose-check: $([ "$rc" = 0 ] && echo PASSED || echo "FAILED (rc $rc)") in $(( $(date +%s) - T0 )) s; log $OUT"
   exit "$rc"
 }
@@ -120,6 +139,11 @@ BUNDLE_OP=$(op python -m fedpers.apps.bundle /app/fedpers-app) || fail "the oper
 echo "  checkout:                 $BUNDLE_HERE"
 echo "  operator /app/fedpers-app: $BUNDLE_OP"
 [ "$BUNDLE_OP" = "$BUNDLE_HERE" ] || fail "the operator's app bundle is not the checkout's"
+TORCH_LOCKED=$(sed -n 's/^torch==//p' requirements.lock)
+TORCH_RUNNERS=$(op python -c 'import torch; print(torch.__version__)')
+echo "  torch in the runners' image: $TORCH_RUNNERS (requirements.lock: $TORCH_LOCKED)"
+[ "${TORCH_RUNNERS%%+*}" = "$TORCH_LOCKED" ] || [ -n "${BASE_TORCH:-}" ] \
+  || fail "the images run torch $TORCH_RUNNERS, not the locked $TORCH_LOCKED (BASE_TORCH=... chooses another on purpose)"
 # rounds' seconds are in metrics.jsonl (round_seconds) below.
 RUN_CONFIG="dataset='digits' num_clients=3 fraction_fit=1.0 rounds=2 local_epochs=1 batch_size=32 aux_size=100
  alpha=1.0 feature_dim=64 ea_steps=3 device='cpu' out_dir='/results/check' client_state_dir='/state'
@@ -233,6 +257,43 @@ ip netns exec "$NS" env PROBE_FROM=neighbour python3 deploy/compose/probe.py \
   "unreachable POST http://$N1_FLEET:9094/v1/runtime/acquire-task"; probed $?
 [ "$PROBES" = 0 ] || fail "a probe got another answer than the wanted one (see <-- FAILED above)"
 
+step "6b. unsigned bodies above the proxy's bounds get 413 from fleet-proxy, and the SuperLink's memory stays; TLS policy"
+# The SuperLink reads a whole body before it checks the node's signature: fleet-proxy bounds push-object at
+# FLEET_MAX_OBJECT_BODY (6m) and the other Fleet paths at 1m (deploy/nginx/fleet-proxy.conf.template).
+link_rss() {  # the SuperLink's resident MiB (flower-superlink is PID 1 of its container)
+  "${COMPOSE[@]}" exec -T superlink sh -c 'grep "^VmRSS:" /proc/1/status' | awk '{print int($2 / 1024)}'
+}
+RSS_BEFORE=$(link_rss)
+PROBE_FROM=host python3 deploy/compose/probe.py \
+  "413 POST:256MiB https://127.0.0.1:9093/v1/fleet/push-object" \
+  "413 POST:256MiB:chunked https://127.0.0.1:9093/v1/fleet/push-object" \
+  "413 POST:2MiB https://127.0.0.1:9093/v1/fleet/push-messages" \
+  || fail "fleet-proxy did not refuse an unsigned body above its bound"
+sleep 2
+RSS_AFTER=$(link_rss)
+echo "  SuperLink RSS: ${RSS_BEFORE} MiB before, ${RSS_AFTER} MiB after 2 x 256 MiB unsigned push-object bodies"
+[ -n "$RSS_BEFORE" ] && [ -n "$RSS_AFTER" ] && [ $(( RSS_AFTER - RSS_BEFORE )) -lt 24 ] \
+  || fail "the SuperLink's memory grew by more than 4 x the 6 MiB bound"
+python3 - <<'PY' || fail "fleet-proxy's TLS policy"
+import socket, ssl
+def handshake(version, suite=None):
+    ctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
+    ctx.minimum_version = ctx.maximum_version = version
+    if suite:
+        ctx.set_ciphers(suite)
+    try:
+        with ctx.wrap_socket(socket.create_connection(("127.0.0.1", 9093), timeout=10)) as tls:
+            return tls.version(), tls.cipher()[0]
+    except ssl.SSLError:
+        return None
+for suite in ("ECDHE-ECDSA-AES128-SHA", "ECDHE-RSA-AES128-SHA", "ECDHE-ECDSA-AES256-SHA384"):
+    print(f"  TLS 1.2 {suite}: {handshake(ssl.TLSVersion.TLSv1_2, suite) or 'refused'}")
+    assert handshake(ssl.TLSVersion.TLSv1_2, suite) is None, suite
+print(f"  TLS 1.2 AEAD: {handshake(ssl.TLSVersion.TLSv1_2, 'ECDHE-ECDSA-AES128-GCM-SHA256')}; "
+      f"TLS 1.3: {handshake(ssl.TLSVersion.TLSv1_3)}")
+assert handshake(ssl.TLSVersion.TLSv1_2, "ECDHE-ECDSA-AES128-GCM-SHA256") and handshake(ssl.TLSVersion.TLSv1_3)
+PY
+
 step "7. a SuperNode killed and restarted at once rejoins (supernode-1: its flower-supernode SIGKILLed)"
 t=$(date +%s)
 N1_PID=$("${COMPOSE[@]}" exec -T supernode-1 python -c '
@@ -300,6 +361,17 @@ for svc in superlink fleet-proxy runtime-proxy register-supernodes operator serv
   mounts=$(docker inspect -f '{{range .Mounts}}{{.Source}} {{end}}' "$c")
   echo "  $svc mounts: $(for m in $mounts; do case "$m" in "$CERTS"/*) basename "$m";; esac; done | tr '\n' ' ')"
   case " $mounts " in *"/ca.key "*|*" $CERTS "*) fail "$svc mounts ca.key or the whole certs directory";; esac
+done
+# Memory limits (mem_limit; docker-compose.yml says why each) and the runners' read-only data volume.
+for svc in fleet-proxy runtime-proxy superlink operator serverapp supernode-0 clientapp-0; do
+  limit=$(docker inspect -f '{{.HostConfig.Memory}}' "$(cid "$svc")")
+  echo "  $svc: memory limit $(( limit / 1048576 )) MiB"
+  [ "$limit" -gt 0 ] || fail "$svc runs without a memory limit"
+done
+for svc in serverapp clientapp-0; do
+  rw=$(docker inspect -f '{{range .Mounts}}{{if eq .Destination "/data"}}{{.RW}}{{end}}{{end}}' "$(cid "$svc")")
+  echo "  $svc: /data writable: $rw"
+  [ "$rw" = false ] || fail "$svc mounts the data volume writable"
 done
 echo
 echo "all checks passed; timings: base image ${T_BASE} s, compose build ${T_BUILD} s, up until 3 SuperNodes online" \

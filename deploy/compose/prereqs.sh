@@ -5,7 +5,9 @@
 #   (only while the local base image is not built yet), curl, ip (iproute2) and nsenter (util-linux; the
 #   probes from a second network namespace).
 # The Docker engine: Debian's docker.io; a dockerd that is installed but not running is started here (its
-# log: /var/log/fedpers-dockerd.log). Nothing else on the machine is changed.
+# log: /var/log/fedpers-dockerd.log) and recorded in the file FEDPERS_DOCKERD_STARTED names ("pid N", or
+# "systemd"), so that check.sh stops it again when it ends; a dockerd that was running is left alone.
+# Nothing else on the machine is changed.
 #   deploy/compose/prereqs.sh [BASE_IMAGE]
 set -uo pipefail
 BASE_IMAGE="${1:-fedpers/local-base:bookworm}"
@@ -33,11 +35,13 @@ if ! docker info >/dev/null 2>&1; then
   [ "$ROOT" = 1 ] || missing "a running Docker engine" "start dockerd as root (e.g. systemctl start docker)"
   echo "compose-check: starting dockerd (log /var/log/fedpers-dockerd.log)"
   if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
-    systemctl start docker >/dev/null 2>&1
+    systemctl start docker >/dev/null 2>&1 && [ -n "${FEDPERS_DOCKERD_STARTED:-}" ] \
+      && echo systemd >"$FEDPERS_DOCKERD_STARTED"
   else
-    # No init system to own it (a container): dockerd runs detached, in its own session, and stays up
-    # after this script, as a system service would.
+    # No init system to own it (a container): dockerd runs detached, in its own session (setsid execs it:
+    # $! is dockerd's PID), and stays up after this script until check.sh stops it.
     setsid dockerd >/var/log/fedpers-dockerd.log 2>&1 </dev/null &
+    [ -n "${FEDPERS_DOCKERD_STARTED:-}" ] && echo "pid $!" >"$FEDPERS_DOCKERD_STARTED"
   fi
   for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
   docker info >/dev/null 2>&1 || missing "a running Docker engine" "dockerd did not start (see /var/log/fedpers-dockerd.log)"

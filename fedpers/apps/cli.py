@@ -33,6 +33,8 @@ import yaml
 from fedpers.registry.config import Config, core_value, full_schema, load_config, parse_set_arguments
 from fedpers.core.errors import STOP_REQUESTED, EngineError, FedpersError, Interrupted, cut
 from fedpers.apps.processes import kill_own_tree, own_tree  # no import inside the signal handler
+from fedpers.apps.deploy import DEFAULT_CERT_DAYS, MAX_CERT_DAYS
+from fedpers.apps.fleet_bodies import DEFAULT_FLEET_MAX_OBJECT_BODY, nginx_size
 
 
 ENGINES = ("ray", "inprocess")
@@ -122,6 +124,11 @@ def _parser() -> argparse.ArgumentParser:
     local.add_argument("--isolation", choices=("subprocess", "process"), default="subprocess",
                        help="ClientApp isolation of the SuperNodes (default: subprocess)")
     local.add_argument("--timeout", type=float, default=3600.0, help="seconds the run may take, > 0 (default 3600)")
+    local.add_argument("--fleet-max-object-body", default=DEFAULT_FLEET_MAX_OBJECT_BODY, metavar="SIZE",
+                       help="the largest push-object body the Fleet proxy accepts (an nginx size; default "
+                            f"{DEFAULT_FLEET_MAX_OBJECT_BODY}: "
+                            "Flower's 5 MiB array chunks and 1 MiB for the rest); a run whose clients send more "
+                            "is refused before anything starts")
     restart = dsub.add_parser("restart-node", help="start SuperNode N of a running `deploy local` again (e.g. after "
                               "it was killed); works at once: a refusal is retried for up to 150 s")
     restart.add_argument("--out", required=True, help="the --out directory of the running `fedpers deploy local`")
@@ -129,8 +136,15 @@ def _parser() -> argparse.ArgumentParser:
     certs = dsub.add_parser("certs", help="make a CA, a SuperLink certificate and SuperNode keys")
     certs.add_argument("--out", required=True, help="directory for ca.crt, server.pem/.key, supernode-<i>.key(.pub), "
                        "superexec.secret")
-    certs.add_argument("--nodes", type=int, default=3, help="number of SuperNode key pairs")
+    certs.add_argument("--nodes", type=int, default=None, help="number of SuperNode key pairs (default 3)")
     certs.add_argument("--force", action="store_true", help="replace a CA already in --out")
+    certs.add_argument("--days", type=int, default=DEFAULT_CERT_DAYS,
+                       help=f"how long the CA and SuperLink certificates are valid (1..{MAX_CERT_DAYS}; default "
+                            f"{DEFAULT_CERT_DAYS})")
+    certs.add_argument("--renew", action="store_true",
+                       help="new CA and SuperLink certificates for --days, signed with the CA key in --out, for the "
+                            "names the current certificate holds (and any --host); SuperNode keys, their "
+                            "registrations and superexec.secret are kept")
     certs.add_argument("--host", dest="hosts", action="append", default=[],
                        help="another DNS name or IP the Fleet proxy is reached at, e.g. the public name edge "
                             "SuperNodes use (repeatable); added to the names the compose stack needs: fleet-proxy, "
@@ -441,10 +455,19 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     from fedpers.apps import deploy
 
     if args.deploy_command == "certs":
-        hosts = deploy.cert_hosts(args.hosts)
-        pki = deploy.make_certs(args.out, args.nodes, hosts, force=args.force)
-        print(f"fedpers | CA {pki.ca_cert}, SuperLink certificate {pki.server_cert} for {', '.join(hosts)}, "
-              f"{len(pki.node_keys)} SuperNode keys in {pki.dir}")
+        if args.renew and (args.force or args.nodes is not None):
+            raise FedpersError("--renew keeps the CA key and the SuperNode keys: leave out --force and --nodes")
+        if args.renew:
+            pki = deploy.renew_certs(args.out, args.hosts, days=args.days)
+            made = f"renewed: CA {pki.ca_cert} (same key), SuperLink certificate {pki.server_cert} (new key)"
+        else:
+            pki = deploy.make_certs(args.out, 3 if args.nodes is None else args.nodes, deploy.cert_hosts(args.hosts),
+                                    force=args.force, days=args.days)
+            made = f"CA {pki.ca_cert}, SuperLink certificate {pki.server_cert}"
+        names = ", ".join(deploy.certificate_names(pki.server_cert))
+        until = deploy.certificate_expiry(pki.server_cert).strftime("%Y-%m-%d %H:%M UTC")
+        print(f"fedpers | {made} for {names}, {len(pki.node_keys)} SuperNode keys in {pki.dir}; valid until {until} "
+              f"({args.days} days): renew before then with `fedpers deploy certs --renew --out {pki.dir}`")
         return 0
     if args.deploy_command == "restart-node":
         record = deploy.restart_node(args.out, args.node)
@@ -458,6 +481,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         raise FedpersError("--clients must be >= 1")
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise FedpersError(f"--timeout must be a number of seconds > 0, got {args.timeout:g}")
+    nginx_size(args.fleet_max_object_body, "--fleet-max-object-body")
     sets = list(args.sets)
     if args.clients is not None:
         given = parse_set_arguments(args.sets).get("num_clients")
@@ -470,7 +494,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     warn_ignored_keys(cfg, args.config, args.sets)
     preflight(cfg, simulation=False)
     t0 = time.perf_counter()
-    summary = deploy.deploy_local(cfg, cfg.num_clients, args.out, isolation=args.isolation, timeout=args.timeout)
+    summary = deploy.deploy_local(cfg, cfg.num_clients, args.out, isolation=args.isolation, timeout=args.timeout,
+                                  max_object_body=args.fleet_max_object_body)
     metric = summary["metric"]
     print(f"fedpers | deploy done in {time.perf_counter() - t0:.1f} s: final {metric} = "
           f"{summary['final'].get(metric)} | {args.out}/metrics.jsonl, {args.out}/summary.json", flush=True)

@@ -43,6 +43,8 @@ from typing import Iterable, Sequence
 
 from fedpers.core.errors import FedpersError, shown
 from fedpers.core.rundir import removed_if_refused, writable_dir
+from fedpers.apps.fleet_bodies import (DEFAULT_FLEET_MAX_OBJECT_BODY, FLEET_BOUND_ENV, check_fleet_bound,
+                                       nginx_size)
 from fedpers.apps.processes import descendants, process_state, signal_pids, start_time
 
 FEDERATION = "fedpers"  # name of the SuperLink connection in the private FLWR_HOME
@@ -73,15 +75,26 @@ class Pki:
         return self.node_keys[i].with_name(self.node_keys[i].name + ".pub")
 
 
-def make_ca(directory: Path, days: int = 30) -> tuple[Path, Path]:
-    """A self-signed CA (``ca.crt``, ``ca.key``)."""
+DEFAULT_CERT_DAYS = 30
+# The longest a TLS server certificate may be valid for Apple's platforms, which an edge SuperNode may run on
+# (certificates issued since July 2019); a CA or a key kept longer should be replaced, not renewed.
+MAX_CERT_DAYS = 825
+
+
+def make_ca(directory: Path, days: int = DEFAULT_CERT_DAYS, reuse_key: bool = False) -> tuple[Path, Path]:
+    """A self-signed CA (``ca.crt``, ``ca.key``) valid for ``days``; ``reuse_key``: signed with the
+    ``ca.key`` already in ``directory`` (a renewal: the same subject and key, so certificates it signs also
+    verify against the CA certificate it replaces, for as long as that one is valid)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
     directory.mkdir(parents=True, exist_ok=True)
-    key = ec.generate_private_key(ec.SECP384R1())
+    if reuse_key:
+        key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), None)
+    else:
+        key = ec.generate_private_key(ec.SECP384R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fedpers throwaway CA")])
     now = dt.datetime.now(dt.timezone.utc)
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
@@ -94,14 +107,15 @@ def make_ca(directory: Path, days: int = 30) -> tuple[Path, Path]:
                                          encipher_only=False, decipher_only=False), critical=True)
             .sign(key, hashes.SHA256()))
     ca_cert, ca_key = directory / "ca.crt", directory / "ca.key"
-    _write_private(ca_key, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                             serialization.NoEncryption()))
+    if not reuse_key:
+        _write_private(ca_key, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                 serialization.NoEncryption()))
     ca_cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return ca_cert, ca_key
 
 
 def make_server_cert(directory: Path, ca_cert: Path, ca_key: Path, hosts: Sequence[str],
-                     days: int = 30, stem: str = "server") -> tuple[Path, Path]:
+                     days: int = DEFAULT_CERT_DAYS, stem: str = "server") -> tuple[Path, Path]:
     """A server certificate signed by the CA, valid for ``hosts`` (DNS names and IP addresses)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -148,11 +162,12 @@ def make_node_key(path: Path) -> Path:
 
 
 def make_pki(directory: str | os.PathLike, num_nodes: int,
-             hosts: Sequence[str] = ("127.0.0.1", "localhost")) -> Pki:
-    """CA, SuperLink certificate for ``hosts`` and ``num_nodes`` SuperNode key pairs in ``directory``."""
+             hosts: Sequence[str] = ("127.0.0.1", "localhost"), days: int = DEFAULT_CERT_DAYS) -> Pki:
+    """CA, SuperLink certificate for ``hosts`` (both valid for ``days``) and ``num_nodes`` SuperNode key pairs
+    in ``directory``."""
     d = Path(directory)
-    ca_cert, ca_key = make_ca(d)
-    cert, key = make_server_cert(d, ca_cert, ca_key, list(hosts))
+    ca_cert, ca_key = make_ca(d, days)
+    cert, key = make_server_cert(d, ca_cert, ca_key, list(hosts), days)
     nodes = [make_node_key(d / f"supernode-{i}.key") for i in range(num_nodes)]
     return Pki(d, ca_cert, ca_key, cert, key, nodes, make_superexec_secret(d / SUPEREXEC_SECRET))
 
@@ -296,16 +311,19 @@ def _stop_tree(proc: "Proc", grace: float) -> None:
 # the Fleet API proxy (nginx) in front of the SuperLink
 # --------------------------------------------------------------------------------------------------
 def render_proxy_conf(*, superlink: str, fleet_listen: str, control_listen: str, cert: Path, key: Path,
-                      ca: Path, tls_name: str, template: Path = PROXY_TEMPLATE) -> str:
+                      ca: Path, tls_name: str, max_object_body: str = DEFAULT_FLEET_MAX_OBJECT_BODY,
+                      template: Path = PROXY_TEMPLATE) -> str:
     """``deploy/nginx/fleet-proxy.conf.template`` with its variables filled in: the same file the compose
-    stack's nginx renders with envsubst, so the local deployment exercises what compose ships."""
+    stack's nginx renders with envsubst, so the local deployment exercises what compose ships.
+    ``max_object_body``: the push-object bound (an nginx size, :data:`DEFAULT_FLEET_MAX_OBJECT_BODY`)."""
     import string
 
     if not template.is_file():
         raise FedpersError(f"{template} not found: `fedpers deploy local` needs a source checkout (deploy/nginx/)")
     return string.Template(template.read_text()).substitute(
         SUPERLINK_ADDRESS=superlink, FLEET_LISTEN=fleet_listen, CONTROL_LISTEN=control_listen,
-        PROXY_CERT=str(cert), PROXY_KEY=str(key), SUPERLINK_CA=str(ca), SUPERLINK_TLS_NAME=tls_name)
+        PROXY_CERT=str(cert), PROXY_KEY=str(key), SUPERLINK_CA=str(ca), SUPERLINK_TLS_NAME=tls_name,
+        FLEET_MAX_OBJECT_BODY=max_object_body)
 
 
 def nginx_binary() -> str:
@@ -360,13 +378,15 @@ class LocalDeployment:
     """
 
     def __init__(self, root: str | os.PathLike, num_nodes: int, isolation: str = "subprocess",
-                 host: str = "127.0.0.1", startup_timeout: float = 120.0):
+                 host: str = "127.0.0.1", startup_timeout: float = 120.0,
+                 max_object_body: str = DEFAULT_FLEET_MAX_OBJECT_BODY):
         if isolation not in ("subprocess", "process"):
             raise FedpersError(f"isolation must be subprocess or process, got {isolation!r}")
         self.root = Path(root).resolve()
         self.num_nodes = num_nodes
         self.isolation = isolation
         self.host = host  # where the proxy's Fleet listener is (what SuperNodes connect to)
+        self.max_object_body = max_object_body  # the proxy's push-object bound (an nginx size)
         self.startup_timeout = startup_timeout
         self.logs = self.root / "logs"
         self.flwr_home = self.root / "flwr_home"
@@ -421,10 +441,11 @@ class LocalDeployment:
             _bin("flower-superlink"), "--ssl-ca-certfile", str(pki.ca_cert), "--ssl-certfile", str(pki.server_cert),
             "--ssl-keyfile", str(pki.server_key), "--enable-supernode-auth", "--host", "127.0.0.1",
             "--port", str(self.superlink_port), "--disable-runtime-dependency-installation",
-        ], self.logs / "superlink.log", self._env(self.flwr_home), cwd=self.root)
+        ], self.logs / "superlink.log", {**self._env(self.flwr_home), FLEET_BOUND_ENV: self.max_object_body},
+            cwd=self.root)  # the ServerApp it starts checks a run against the proxy's bound
         conf = render_proxy_conf(superlink=self.superlink_address, fleet_listen=self.address,
                                  control_listen=self.control_address, cert=pki.server_cert, key=pki.server_key,
-                                 ca=pki.ca_cert, tls_name="localhost")
+                                 ca=pki.ca_cert, tls_name="localhost", max_object_body=self.max_object_body)
         main_conf = write_proxy_files(self.root / "proxy", self.logs, conf)
         self.proxy = Proc("fleet-proxy", [nginx, "-p", str(self.root / "proxy"), "-c", str(main_conf),
                                           "-g", "daemon off;"], self.logs / "fleet-proxy.log", self._env(self.flwr_home))
@@ -712,18 +733,22 @@ def deploy_config(cfg, out: Path, resume: bool):
 
 
 def deploy_local(cfg, clients: int, out: str | os.PathLike, isolation: str = "subprocess",
-                 timeout: float = 3600) -> dict:
-    """``fedpers deploy local``: run ``cfg`` on a fresh loopback deployment of ``clients`` SuperNodes."""
+                 timeout: float = 3600, max_object_body: str = DEFAULT_FLEET_MAX_OBJECT_BODY) -> dict:
+    """``fedpers deploy local``: run ``cfg`` on a fresh loopback deployment of ``clients`` SuperNodes, whose
+    proxy accepts push-object bodies up to ``max_object_body`` (a run that needs more is refused first)."""
     out = Path(out).resolve()
     if clients != cfg.num_clients:
         cfg = cfg.replace(num_clients=clients)
+    bound = nginx_size(max_object_body, "--fleet-max-object-body")
+    bodies = check_fleet_bound(cfg, bound)  # before anything is written or started
     cfg = deploy_config(cfg, out, resume=bool(cfg.resume))
     out.mkdir(parents=True, exist_ok=True)
     # `kill` of this command stops what it started (the CLI has its own handler for it already: exit 143)
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         with contextlib.suppress(ValueError):  # not in the main thread: Ctrl-C still works
             signal.signal(signal.SIGTERM, _raise_interrupt)
-    with LocalDeployment(out / "deploy", clients, isolation=isolation) as dep:
+    print(f"fedpers | deploy: {bodies.line(bound)}", flush=True)
+    with LocalDeployment(out / "deploy", clients, isolation=isolation, max_object_body=max_object_body) as dep:
         print(f"fedpers | deploy: SuperLink https://{dep.superlink_address} (loopback, TLS, SuperNode auth, pid "
               f"{dep.superlink.pid}) behind nginx: Fleet API https://{dep.address}, Control API "
               f"https://{dep.control_address}; {clients} SuperNodes ({isolation} isolation), logs {dep.logs}; "
@@ -777,11 +802,36 @@ def cert_hosts(extra: Iterable[str] = ()) -> list[str]:
     return list(dict.fromkeys([*DEFAULT_CERT_HOSTS, *extra]))
 
 
-def make_certs(out: str | os.PathLike, nodes: int, hosts: Iterable[str], *, force: bool = False) -> Pki:
+def check_cert_days(days: int) -> None:
+    """Refuse a validity outside 1..:data:`MAX_CERT_DAYS` days (one line naming ``--days``)."""
+    if not 1 <= days <= MAX_CERT_DAYS:
+        raise FedpersError(f"--days must be 1..{MAX_CERT_DAYS} (the longest a TLS server certificate may be valid for "
+                           f"Apple's platforms, which an edge SuperNode may run on), got {days}")
+
+
+def certificate_names(pem: Path) -> list[str]:
+    """The subject alternative names of the certificate in ``pem``, in order (DNS names and IP addresses)."""
+    from cryptography import x509
+
+    cert = x509.load_pem_x509_certificate(pem.read_bytes())
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    return [str(getattr(name, "value", name)) for name in sans]
+
+
+def certificate_expiry(pem: Path) -> dt.datetime:
+    """When the certificate in ``pem`` stops being valid (UTC)."""
+    from cryptography import x509
+
+    return x509.load_pem_x509_certificate(pem.read_bytes()).not_valid_after_utc
+
+
+def make_certs(out: str | os.PathLike, nodes: int, hosts: Iterable[str], *, force: bool = False,
+               days: int = DEFAULT_CERT_DAYS) -> Pki:
     """``fedpers deploy certs``: CA, SuperLink certificate for ``hosts`` (the caller adds them to
-    :data:`DEFAULT_CERT_HOSTS` with :func:`cert_hosts`), SuperNode key pairs. A directory that already holds
-    a CA is refused unless ``force``: replacing a CA invalidates every certificate and node registration
-    made with it."""
+    :data:`DEFAULT_CERT_HOSTS` with :func:`cert_hosts`), both valid for ``days``, SuperNode key pairs. A
+    directory that already holds a CA is refused unless ``force``: replacing a CA invalidates every
+    certificate and node registration made with it (:func:`renew_certs` keeps them)."""
+    check_cert_days(days)
     if not 1 <= nodes <= MAX_CERT_NODES:
         raise FedpersError(f"--nodes must be 1..{MAX_CERT_NODES} (one key pair per SuperNode), got {nodes}")
     if not str(out).strip():
@@ -801,6 +851,30 @@ def make_certs(out: str | os.PathLike, nodes: int, hosts: Iterable[str], *, forc
             raise FedpersError(f"{out} already holds {', '.join(mine[:3])}{' ...' if len(mine) > 3 else ''} but no "
                                "CA: move those files away or choose another --out (they are never replaced)")
     try:
-        return make_pki(out, nodes, hosts=tuple(hosts))
+        return make_pki(out, nodes, hosts=tuple(hosts), days=days)
     except OSError as exc:
         raise FedpersError(f"--out {out} cannot be written ({exc.strerror or exc})") from None
+
+
+def renew_certs(out: str | os.PathLike, extra_hosts: Iterable[str] = (), *, days: int = DEFAULT_CERT_DAYS) -> Pki:
+    """``fedpers deploy certs --renew``: a new CA certificate signed with the CA key already in ``out`` (same
+    subject and key) and a new SuperLink certificate (a new key) for the names the current one holds plus
+    ``extra_hosts``, both valid for ``days``; the SuperNode keys (so their registrations) and the superexec
+    secret are kept. A SuperNode still holding the previous ``ca.crt`` verifies the new SuperLink certificate
+    until that ``ca.crt`` itself expires."""
+    check_cert_days(days)
+    d = Path(out)
+    if not (d / "ca.key").is_file():
+        raise FedpersError(f"{d / 'ca.key'} not found: --renew signs with the CA key `fedpers deploy certs` wrote in "
+                           f"--out (without it, make new certificates and keys without --renew)")
+    current = certificate_names(d / "server.pem") if (d / "server.pem").is_file() else []
+    try:
+        ca_cert, ca_key = make_ca(d, days, reuse_key=True)
+        server_cert, server_key = make_server_cert(d, ca_cert, ca_key, cert_hosts([*current, *extra_hosts]), days)
+    except OSError as exc:
+        raise FedpersError(f"--out {out} cannot be written ({exc.strerror or exc})") from None
+    except ValueError as exc:  # not a key this command wrote
+        raise FedpersError(f"{d / 'ca.key'} is not a CA key of `fedpers deploy certs` ({exc})") from None
+    nodes = sorted(d.glob("supernode-*.key"), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
+    secret = d / SUPEREXEC_SECRET
+    return Pki(d, ca_cert, ca_key, server_cert, server_key, nodes, secret if secret.is_file() else None)

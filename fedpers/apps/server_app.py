@@ -10,10 +10,12 @@ deployed round does not wait for Flower's 3-s reply checks.
 
 from __future__ import annotations
 
+import os
 from logging import INFO
 from pathlib import Path
 
 from flwr.app import Context
+from flwr.common import log
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from flwr.server.compat import start_grid
 from flwr.serverapp import Grid
@@ -43,8 +45,6 @@ def server_fn(context: Context) -> ServerAppComponents:
     if state is not None:
         return _resume(cfg, strategy, config, state)
     if cfg.resume:  # INFO: every sweep run starts this way (resumable by default)
-        from flwr.common import log
-
         log(INFO, "fedpers: resume=true but no checkpoint in %s yet: starting at round 1", cfg.checkpoint_dir)
     return ServerAppComponents(server=round_loop(strategy), config=config)
 
@@ -90,8 +90,6 @@ def checkpoint_to_resume(cfg: Config) -> dict | None:
 
 def _resume(cfg: Config, strategy, config: ServerConfig, state: dict) -> ServerAppComponents:
     """Load the checkpoint ``state`` into ``strategy`` and start the round loop after its round."""
-    from flwr.common import log
-
     strategy.load_state_dict(state)
     done = int(state["round"])
     log(INFO, "fedpers: resuming from %s after round %d of %d", checkpoint_path(cfg.checkpoint_dir), done, cfg.rounds)
@@ -100,13 +98,52 @@ def _resume(cfg: Config, strategy, config: ServerConfig, state: dict) -> ServerA
     return ServerAppComponents(server=round_loop(strategy, start_round=done + 1), config=config)
 
 
+# round_timeout=0 on Flower's Deployment Engine: a round waits at most this long for its replies. A SuperNode
+# whose ClientApp runner stopped stays online and never answers, and without a bound its round, and the run,
+# would wait for it for as long as Flower keeps the message (12 h); 30 min leaves a slow client's round
+# room (a round of `make compose-check`'s 2-round digits run took 170 s on 2 cores).
+DEPLOYMENT_ROUND_TIMEOUT = 1800.0
+
+
+def on_deployment_engine(grid: Grid) -> bool:
+    """Whether the ServerApp runs on Flower's Deployment Engine (SuperLink and SuperNodes), not in a
+    simulation (whose in-memory grid's clients cannot vanish)."""
+    from flwr.superlink.grid import InMemoryGrid
+
+    return not isinstance(grid, InMemoryGrid)
+
+
+def with_deployment_defaults(run_config: dict) -> dict:
+    """``run_config`` with the Deployment Engine's defaults: ``round_timeout`` 0 (the schema's "the
+    engine's default") becomes :data:`DEPLOYMENT_ROUND_TIMEOUT`; a value the run sets is kept."""
+    if float(run_config.get("round_timeout", 0.0) or 0.0) > 0:
+        return dict(run_config)
+    return {**run_config, "round_timeout": DEPLOYMENT_ROUND_TIMEOUT}
+
+
+def check_fleet_proxy_bound(cfg: Config) -> None:
+    """Refuse a run (one line, before round 1) whose clients would send Fleet requests larger than the
+    proxy in front of the SuperLink accepts: the deployment tells the ServerApp the proxy's bound in
+    ``FEDPERS_FLEET_MAX_OBJECT_BODY`` (``fedpers deploy local``, docker-compose.yml); unset: nothing to check."""
+    from fedpers.apps.fleet_bodies import FLEET_BOUND_ENV, check_fleet_bound, nginx_size
+
+    bound = os.environ.get(FLEET_BOUND_ENV)
+    if bound:
+        limit = nginx_size(bound, FLEET_BOUND_ENV)
+        log(INFO, "fedpers: %s", check_fleet_bound(cfg, limit).line(limit))
+
+
 server_app = ServerApp()
 
 
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
     """The run: :func:`server_fn`'s components in the one round loop (:func:`round_loop`), replies collected
-    every ``reply_poll_interval`` seconds."""
+    every ``reply_poll_interval`` seconds. On the Deployment Engine, its defaults apply first
+    (:func:`with_deployment_defaults`) and the run is checked against the Fleet proxy's body bound."""
+    if on_deployment_engine(grid):
+        context.run_config = with_deployment_defaults(context.run_config)
+        check_fleet_proxy_bound(config_of(context))
     components = server_fn(context)
     start_grid(grid=PromptReplyGrid(grid, config_of(context).reply_poll_interval), server=components.server,
                config=components.config, strategy=components.strategy, client_manager=components.client_manager)

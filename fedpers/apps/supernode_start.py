@@ -1,18 +1,40 @@
 #!/usr/bin/env python3
-"""Start wrapper of a Flower SuperNode: retries Flower's "refused" exit, leaves no orphan behind.
+"""Start wrapper of a Flower SuperNode: retries what a retry can cure, says in one line why it gives up, and
+leaves no orphan behind.
 
-    python -m fedpers.apps.supernode_start [--retry-for 150] [--bind-host-of NAME] -- flower-supernode ARGS...
+    python -m fedpers.apps.supernode_start [--retry-for 150] [--bind-host-of NAME] [--wait-after-giving-up] \
+        -- flower-supernode ARGS...
     python /usr/local/bin/fedpers-supernode-start ...      (the SuperNode image: the same file, no fedpers)
 
-Two gaps of Flower 1.42's ``flower-supernode`` that this closes:
+Gaps of Flower 1.42's ``flower-supernode`` that this closes:
 
-* **Restart right after a kill.** The SuperLink keeps a killed node "online" until its heartbeats are
-  missed (2 x 30 s, then the next sweep: 60-100 s), and until then it refuses the node's key: the new
-  process exits with code 305 (``SUPERNODE_CONNECTION_ERROR``, "Failed to activate SuperNode"). The
-  wrapper starts the SuperNode again after 1, 2, 4, 5, 5, ... s for up to ``--retry-for``
-  seconds (default 150) while it exits that way; any other exit ends the wrapper with the same code.
-  An unregistered key also exits 305 (Flower answers both alike), so it, too, is retried until the
-  deadline: a key registered meanwhile is then taken.
+* **Why it stopped.** Flower ends a SuperNode the SuperLink does not take with exit code 305
+  (``SUPERNODE_CONNECTION_ERROR``: ``Exit Code: 305`` in its output, process status 1) whatever the cause;
+  the wrapper reads the cause in that output (:func:`diagnose`):
+
+  - ``[code: 2004] Failed to activate SuperNode``: the SuperLink refused the node's key. Right after a kill
+    it still lists the node's previous process as online (until its heartbeats are missed: 2 x 30 s, then
+    the next sweep, 60-100 s); an unregistered key, or a key another live SuperNode uses, gets the same
+    answer, and Flower's reply does not tell them apart. Retried after 1, 2, 4, 5, 5, ... s for up to
+    ``--retry-for`` seconds (default 150, past the 100 s a restart needs); still refused then, the key is
+    not registered or in use elsewhere: the wrapper gives up.
+  - ``[SSL: CERTIFICATE_VERIFY_FAILED] ...``: the SuperLink's certificate does not verify (expired, not yet
+    valid, signed by another CA, issued for another name). No retry cures it: the wrapper gives up at once,
+    naming the cause (an expired certificate as such, with the renewal command).
+  - any other 305 (the connection failed in another way): retried as a refusal is, then given up.
+  - another of Flower's exit codes (302: a bad key file, ...): given up at once with Flower's line.
+  - exit 0 before the node joined (no ``SuperNode ID:`` line) and without being told to stop: Flower ends a
+    SuperNode that way when the SuperLink answers its signed requests with 401, which before joining means
+    the signature's time is outside the SuperLink's window (the node's clock more than 5 s ahead or 305 s
+    behind): given up, naming the clock.
+
+  Giving up prints one line, ``fedpers-supernode-start: giving up: <cause>``, and exits 78 (EX_CONFIG:
+  starting the same command again gives the same answer; systemd's ``RestartPreventExitStatus=78`` stops
+  there). Docker's restart policies have no such status (``unless-stopped`` restarts whatever the code), so
+  under compose ``--wait-after-giving-up`` keeps the wrapper alive instead, holding nothing, until the
+  container is stopped; it writes the cause to :data:`GAVE_UP_FILE`, which the container's health check
+  reads (``docker compose ps``: unhealthy). Any other end of the SuperNode (killed, crashed, stopped) ends
+  the wrapper with the SuperNode's status, and the restart policy decides.
 * **No orphan ``flower-superexec``.** With subprocess isolation the SuperNode starts ``flower-superexec``
   (which starts ``flwr-clientapp``) and does not stop it when it is killed: the orphan kept serving the
   next SuperNode's Runtime API. The wrapper makes itself the child subreaper (``prctl``), so whatever
@@ -33,19 +55,26 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REFUSED_EXIT = 305  # flwr.supercore.exit.ExitCode.SUPERNODE_CONNECTION_ERROR
-REFUSED_MARKER = f"Exit Code: {REFUSED_EXIT}"  # flwr_exit's first line
-ERROR_STATUS = 1  # flwr_exit ends every error with sys.exit(1): the 305 is only in its message
+ERROR_STATUS = 1  # flwr_exit ends every error with sys.exit(1): the code is only in its message
+GAVE_UP_STATUS = 78  # sysexits' EX_CONFIG: the same command would get the same answer
+JOINED_MARKER = "SuperNode ID:"  # Flower logs it once the SuperLink has activated the node
+GAVE_UP_FILE = Path(tempfile.gettempdir()) / "fedpers-supernode-gave-up"  # --wait-after-giving-up: the cause
 DEFAULT_RETRY_FOR = 150.0
 MAX_DELAY = 5.0  # the SuperLink lets the node in 60-100 s after the kill: rejoin within 5 s of that
+RENEW_HINT = ("renew them with `fedpers deploy certs --renew --out DIR` and restart the proxy, the SuperLink "
+              "and the SuperNodes (deploy/README.md, \"Certificates\")")
 _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
 
 
@@ -62,10 +91,70 @@ def backoff_delays(retry_for: float, max_delay: float = MAX_DELAY) -> list[float
     return delays
 
 
-def was_refused(status: int, output_tail: str) -> bool:
-    """Whether an ended SuperNode was refused by the SuperLink (Flower's exit code 305): Flower's error
-    status (1) and its own ``Exit Code: 305`` line in the last lines of output, both."""
-    return status == ERROR_STATUS and REFUSED_MARKER in output_tail
+@dataclass(frozen=True)
+class Ending:
+    """Why a SuperNode ended, as its output says, and whether starting it again can change that."""
+
+    cause: str
+    retry: bool
+    # what the cause is once the retries are spent ({seconds}: how long they took); None: the same cause
+    after_retries: str | None = None
+
+
+def flower_exit(output_tail: str) -> tuple[int, str] | None:
+    """Flower's exit code and its message (the line that says why; for a failed connection, the line after
+    "Failed to initialize the connection to the SuperLink.") from the last ``Exit Code: N`` block of
+    ``output_tail``; None when there is none."""
+    matches = list(re.finditer(r"Exit Code: (\d+)\n", output_tail))
+    if not matches:
+        return None
+    lines = [line.strip() for line in output_tail[matches[-1].end():].splitlines() if line.strip()]
+    if lines and lines[0].startswith("Failed to initialize the connection"):
+        lines = lines[1:]
+    return int(matches[-1].group(1)), (lines[0] if lines else "")
+
+
+def diagnose(status: int, output_tail: str, joined: bool) -> Ending | None:
+    """Why a SuperNode that ended with ``status`` (its last lines ``output_tail``; ``joined``: it had logged
+    its node id) ended, and whether a retry can help; None for an end the wrapper passes on unchanged (the
+    node ran and stopped, was killed, crashed)."""
+    ended = flower_exit(output_tail) if status == ERROR_STATUS else None
+    if ended is not None:
+        code, message = ended
+        if code != REFUSED_EXIT:
+            return Ending(f"Flower stopped the SuperNode with exit code {code}: {message}", retry=False)
+        verify = re.search(r"certificate verify failed: (.*?)(?: \(_ssl\.c:\d+\))?$", output_tail, re.M)
+        if verify:
+            return Ending(certificate_cause(verify.group(1).rstrip(".")), retry=False)
+        if "Failed to activate SuperNode" in output_tail:
+            return Ending(f"the SuperLink refused this SuperNode (exit {REFUSED_EXIT}, Failed to activate SuperNode: it "
+                          "may still list this node's previous process as online)", retry=True,
+                          after_retries=f"the SuperLink still refuses this SuperNode's key after {{seconds}} s of retries "
+                          f"(exit {REFUSED_EXIT}, Failed to activate SuperNode): the key is not registered with the "
+                          "SuperLink (flwr supernode register <its .pub>), or another SuperNode with this key is online")
+        return Ending(f"the SuperNode could not connect to the SuperLink (exit {REFUSED_EXIT}: {message})", retry=True)
+    if status == 0 and not joined:
+        return Ending("the SuperNode ended without an error before it joined: Flower does that when the SuperLink "
+                      "answers its signed requests with 401, which before joining means the signature's time is "
+                      "outside the SuperLink's window (this machine's clock more than 5 s ahead of the SuperLink's or "
+                      "more than 305 s behind): set the clock (NTP)", retry=False)
+    return None
+
+
+def certificate_cause(verify_error: str) -> str:
+    """The cause to give for OpenSSL's ``certificate verify failed: <verify_error>``."""
+    if "has expired" in verify_error:
+        return (f"the SuperLink's TLS certificate or the CA certificate it is checked against (--root-certificates) "
+                f"has expired ({verify_error}): {RENEW_HINT}")
+    if "not yet valid" in verify_error:
+        return (f"the SuperLink's TLS certificate is not valid yet ({verify_error}): this machine's clock is behind "
+                "the time the certificate was made; set the clock (NTP)")
+    if "mismatch" in verify_error:
+        return (f"the SuperLink's TLS certificate does not name the address this SuperNode connects to "
+                f"({verify_error}): add that name with `fedpers deploy certs --renew --host NAME`, or connect by a "
+                "name it holds")
+    return (f"the SuperLink's TLS certificate is not signed by the CA this SuperNode trusts (--root-certificates: "
+            f"{verify_error}): give the SuperNode the deployment's ca.crt")
 
 
 def with_host(argv: list[str], host: str) -> list[str]:
@@ -151,10 +240,12 @@ class _Stop(Exception):
         self.signum = signum
 
 
-def run_once(argv: list[str]) -> tuple[int, str]:
+def run_once(argv: list[str]) -> tuple[int, str, bool]:
     """Run the SuperNode once, passing its output through; returns its exit status (128 + N when killed
-    by signal N) and its last lines. Whatever it started is ended before this returns."""
+    by signal N), its last lines and whether it joined (logged its node id). Whatever it started is ended
+    before this returns."""
     tail: list[str] = []
+    joined: list[bool] = []
     child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              preexec_fn=lambda: _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL))
 
@@ -165,7 +256,10 @@ def run_once(argv: list[str]) -> tuple[int, str]:
         for raw in child.stdout:
             sys.stdout.buffer.write(raw)
             sys.stdout.flush()
-            tail[:] = (tail + [raw.decode(errors="replace")])[-40:]
+            line = raw.decode(errors="replace")
+            tail[:] = (tail + [line])[-40:]
+            if JOINED_MARKER in line:
+                joined[:] = [True]
 
     def forward(signum, _frame):
         # The SuperNode stops (and deactivates itself at the SuperLink); its output still drains.
@@ -188,27 +282,45 @@ def run_once(argv: list[str]) -> tuple[int, str]:
         reader.join(timeout=5)
     if stopping:
         raise _Stop(stopping[0])
-    return (128 - status if status < 0 else status), "".join(tail)
+    return (128 - status if status < 0 else status), "".join(tail), bool(joined)
 
 
-def supervise(argv: list[str], retry_for: float = DEFAULT_RETRY_FOR, sleep=time.sleep) -> int:
-    """Run the SuperNode, again after each refusal (back-off, for up to ``retry_for`` s); its exit code."""
+def supervise(argv: list[str], retry_for: float = DEFAULT_RETRY_FOR, sleep=time.sleep,
+              wait_after_giving_up: bool = False) -> int:
+    """Run the SuperNode, again after each end a retry can cure (back-off, for up to ``retry_for`` s); its
+    exit status, or :data:`GAVE_UP_STATUS` after one line saying why it gives up (``wait_after_giving_up``:
+    that line, then wait to be stopped, see the module docstring)."""
     delays = backoff_delays(retry_for)
     attempt = 0
     while True:
-        status, tail = run_once(argv)
-        if not was_refused(status, tail):
+        status, tail, joined = run_once(argv)
+        ending = diagnose(status, tail, joined)
+        if ending is None:
             return status
-        if attempt >= len(delays):
-            print(f"fedpers-supernode-start: the SuperLink still refuses this SuperNode (exit {REFUSED_EXIT}) "
-                  f"after {retry_for:.0f} s of retries: giving up", flush=True)
-            return ERROR_STATUS
-        delay = delays[attempt]
-        attempt += 1
-        print(f"fedpers-supernode-start: the SuperLink refused this SuperNode (exit {REFUSED_EXIT}: it may "
-              f"still list the previous process of this node as online); attempt {attempt + 1} in {delay:.0f} s",
-              flush=True)
-        sleep(delay)
+        if ending.retry and attempt < len(delays):
+            delay = delays[attempt]
+            attempt += 1
+            print(f"fedpers-supernode-start: {ending.cause}; attempt {attempt + 1} in {delay:.0f} s", flush=True)
+            sleep(delay)
+            continue
+        cause = ending.cause
+        if ending.retry:
+            cause = (ending.after_retries or "{cause}, still after {seconds} s of retries").format(
+                cause=cause, seconds=f"{retry_for:.0f}")
+        return give_up(cause, wait=wait_after_giving_up, sleep=sleep)
+
+
+def give_up(cause: str, wait: bool = False, sleep=time.sleep) -> int:
+    """Say in one line why the wrapper gives up; with ``wait``, write it to :data:`GAVE_UP_FILE` and wait
+    until told to stop (SIGTERM / SIGINT end the wait), else return :data:`GAVE_UP_STATUS`."""
+    print(f"fedpers-supernode-start: giving up: {cause}", flush=True)
+    if not wait:
+        return GAVE_UP_STATUS
+    GAVE_UP_FILE.write_text(cause + "\n")
+    print("fedpers-supernode-start: waiting to be stopped (a restart would give the same answer; fix the cause, "
+          "then restart this SuperNode)", flush=True)
+    while True:
+        sleep(3600)
 
 
 def resolve(name: str, timeout: float = 30.0) -> str:
@@ -231,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds to keep restarting a SuperNode the SuperLink refuses (exit 305); 0: never")
     p.add_argument("--bind-host-of", metavar="NAME",
                    help="set the SuperNode's --host to the address NAME resolves to")
+    p.add_argument("--wait-after-giving-up", action="store_true",
+                   help=f"after giving up, wait to be stopped instead of exiting {GAVE_UP_STATUS} (for restart "
+                        f"policies that would start it again whatever its status); the cause goes to {GAVE_UP_FILE}")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- flower-supernode ARGS...")
     args = p.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -240,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--retry-for must be >= 0, got {args.retry_for}")
     if args.bind_host_of:
         command = with_host(command, resolve(args.bind_host_of))
+    if args.wait_after_giving_up:
+        GAVE_UP_FILE.unlink(missing_ok=True)  # a container started again keeps its /tmp: not this start's cause
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     stop = {signal.SIGTERM: 143, signal.SIGINT: 130}
 
@@ -249,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     for s in stop:
         signal.signal(s, early)  # during a back-off wait; run_once forwards to the SuperNode instead
     try:
-        return supervise(command, args.retry_for)
+        return supervise(command, args.retry_for, wait_after_giving_up=args.wait_after_giving_up)
     except _Stop as exc:
         end_descendants()
         return stop.get(exc.signum, 128 + exc.signum)

@@ -292,7 +292,8 @@ CORE_KEYS: tuple[Key, ...] = (
     Key("overwrite", bool, False,
         "replace the run already in out_dir (summary.json, metrics.jsonl); without it such an out_dir is refused"),
     Key("round_timeout", float, 0.0,
-        "seconds a round waits for client replies (Flower ServerConfig.round_timeout); 0 = no limit",
+        "seconds a round waits for client replies (Flower ServerConfig.round_timeout); 0 = the engine's "
+        "default: no limit in a simulation, 1800 s on Flower's Deployment Engine (deploy local, compose)",
         non_negative),
     Key("reply_poll_interval", float, 0.2,
         "seconds between the ServerApp's checks for client replies (ours; Flower's own Grid waits 3 s, which "
