@@ -13,7 +13,8 @@ trained, and its personalized model would say nothing);
   round 1 in this layout), the mean seconds of a round that only trains and of one that also evaluates;
 * peak driver RSS and peak tree PSS (PSS splits shared pages between processes);
 * the personalized accuracy at the last round next to a trivial baseline on the same evaluated clients:
-  each client predicting the majority class of its own training split (learning must show above it).
+  each client predicting the majority class of its own training split; and the shared model's accuracy
+  (where the method has one) next to always predicting the global test set's most common class.
 
 Runs (``--clients``) are kept in their directories (``measure.json``), so the script resumes where it stopped.
 
@@ -68,12 +69,29 @@ def majority_baseline(cfg_keys: dict, rounds: dict) -> float:
     return float(np.mean(accs))
 
 
+def shared_model_learning(keys: dict, out: Path) -> dict:
+    """The shared model's accuracy on the global test set at the last round (None for a method without a
+    global head) and the trivial baseline for it: always predicting the most common class of that set."""
+    from fedpers.core.federation import get_federation
+    from fedpers.registry.config import build_config
+
+    rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    test = get_federation(build_config(keys)).test("cpu")
+    labels = test.y.numpy()
+    return {"global_acc": rounds[-1].get("global_acc"),
+            "global_majority_baseline": float(np.bincount(labels).max() / len(labels))}
+
+
 def measure(method: str, clients: int, args: argparse.Namespace) -> dict:
     """Run (or reuse) one run of ``method`` with ``clients`` clients under the memory sampler."""
     out = run_dir(Path(args.out), method, clients)
-    if (out / "measure.json").exists():
-        return json.loads((out / "measure.json").read_text())
     keys = settings(method, clients, args)
+    if (out / "measure.json").exists():
+        result = json.loads((out / "measure.json").read_text())
+        if "error" not in result and "global_majority_baseline" not in result:  # measured before this column
+            result.update(shared_model_learning(keys, out))
+            (out / "measure.json").write_text(json.dumps(result, indent=2) + "\n")
+        return result
     cmd = [sys.executable, "-m", "fedpers", "run", "--out", str(out)]
     for k, v in keys.items():
         cmd += ["--set", f"{k}={v}"]
@@ -97,7 +115,7 @@ def measure(method: str, clients: int, args: argparse.Namespace) -> dict:
               "evaluation_round_seconds": float(np.mean([r["round_seconds"] for r in evaluated])),
               "first_evaluation_acc": evaluated[0]["personalized_macro_acc"],
               "final_personalized_macro_acc": rounds[max(rounds)]["personalized_macro_acc"],
-              "majority_class_baseline": majority_baseline(keys, rounds),
+              "majority_class_baseline": majority_baseline(keys, rounds), **shared_model_learning(keys, out),
               **{f"peak_{k}": v for k, v in sampler.peak.items()}}
     (out / "measure.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
@@ -106,18 +124,20 @@ def measure(method: str, clients: int, args: argparse.Namespace) -> dict:
 def table(rows: list[dict]) -> list[str]:
     """The markdown table of the measured runs."""
     lines = ["| method | clients | sampled / evaluated per round | outside rounds s | round 1 s | training round s | "
-             "evaluation round s | peak driver RSS GB | peak tree PSS GB | accuracy at the last round | "
-             "majority-class baseline |", "|---|" + "---|" * 10]
+             "evaluation round s | peak driver RSS GB | peak tree PSS GB | personalized accuracy | "
+             "own-majority baseline | shared model accuracy | global-majority baseline |", "|---|" + "---|" * 12]
     for r in rows:
         run = f"| {r['method']} | {r['clients']:,} | "
         if "error" in r:
-            lines.append(run + f"{r['error']} |" + " |" * 8)
+            lines.append(run + f"{r['error']} |" + " |" * 10)
             continue
         lines.append(run + f"{r['sampled_per_round']} / {r['evaluated_per_round']} | {r['outside_rounds_seconds']:.1f} | "
                      f"{r['first_round_seconds']:.1f} | {r['training_round_seconds']:.1f} | "
                      f"{r['evaluation_round_seconds']:.1f} | {r['peak_driver_rss'] / GB:.2f} | "
                      f"{r['peak_tree_pss'] / GB:.2f} | {100 * r['final_personalized_macro_acc']:.2f} | "
-                     f"{100 * r['majority_class_baseline']:.2f} |")
+                     f"{100 * r['majority_class_baseline']:.2f} | "
+                     + ("- | " if r["global_acc"] is None else f"{100 * r['global_acc']:.2f} | ")
+                     + f"{100 * r['global_majority_baseline']:.2f} |")
     return lines
 
 
@@ -138,8 +158,11 @@ def main() -> None:
              "rounds (among those trained so far), CPU", "",
              "Command: `python benchmarks/scale_pool.py`. Memory sampled every "
              f"{args.interval} s over the whole process tree. Outside rounds: the run's wall time less its rounds "
-             "(start-up and shut-down). Accuracy: personalized macro accuracy of the evaluated clients at the "
-             "last round; baseline: the same clients each predicting its own majority training class. "
+             "(start-up and shut-down). Personalized accuracy: macro accuracy of the evaluated clients' own "
+             "models at the last round; own-majority baseline: the same clients each predicting its own "
+             "majority training class. Shared model accuracy: the global model (pFedKDH's teacher head) on "
+             "the global test set (the test splits of 100 seeded clients) at the last round; global-majority "
+             "baseline: always the most common class of that set. "
              "A budget of this many rounds is a diagnostic of scale and of learning, not a reproduction of "
              "any paper's number.", ""]
     if args.note:
