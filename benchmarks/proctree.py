@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 from fedpers.apps.memory import process_tree, rss_pss  # noqa: F401 - re-exported for the benchmarks
@@ -73,3 +75,18 @@ def run_sampled(cmd: list[str], *, cwd: Path, interval: float, timeout: float,
         sampler.stop.set()
         sampler.join()
     return rc, sampler
+
+
+def run_fedpers_sampled(sets: dict, out: Path, *, cwd: Path, interval: float,
+                        timeout: float) -> tuple[int | str, Sampler, Path, float]:
+    """``fedpers run --out OUT --set k=v ...`` under :func:`run_sampled`, its output in ``OUT.log`` beside
+    ``out``. Returns (exit code or "timeout", sampler, the log, wall seconds)."""
+    cmd = [sys.executable, "-m", "fedpers", "run", "--out", str(out)]
+    for k, v in sets.items():
+        cmd += ["--set", f"{k}={v}"]
+    print("$", " ".join(cmd), flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    log = out.parent / f"{out.name}.log"
+    start = time.perf_counter()
+    rc, sampler = run_sampled(cmd, cwd=cwd, interval=interval, timeout=timeout, log=log)
+    return rc, sampler, log, time.perf_counter() - start

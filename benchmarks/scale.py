@@ -28,12 +28,11 @@ import argparse
 import json
 import re
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from proctree import run_sampled  # noqa: E402
+from proctree import run_fedpers_sampled  # noqa: E402
 from report_files import write_report  # noqa: E402
 
 RUNS = ["100:1.0:disk", "100:0.1:disk", "1000:0.1:disk", "1000:0.01:disk", "10000:0.01:disk",
@@ -62,14 +61,9 @@ def measure(method: str, run: str, args: argparse.Namespace) -> dict:
             "device": "cpu", "client_state_spill": state == "disk"}
     if state == "disk":  # a directory of ours, so that the run leaves it for the bytes to be counted
         sets["client_state_dir"] = str(out / "client_state")
-    cmd = [sys.executable, "-m", "fedpers", "run", "--out", str(out)]
-    for k, v in sets.items():
-        cmd += ["--set", f"{k}={v}"]
-    print("$", " ".join(cmd), flush=True)
     out.mkdir(parents=True, exist_ok=True)
-    log = out.parent / f"{out.name}.log"
-    start = time.perf_counter()
-    rc, sampler = run_sampled(cmd, cwd=HERE.parent, interval=args.interval, timeout=args.timeout, log=log)
+    rc, sampler, log, wall = run_fedpers_sampled(sets, out, cwd=HERE.parent, interval=args.interval,
+                                                 timeout=args.timeout)
     base = {"method": method, "clients": clients, "fraction": fraction, "state": state}
     text = log.read_text()
     if rc != 0:
@@ -81,7 +75,7 @@ def measure(method: str, run: str, args: argparse.Namespace) -> dict:
     state_bytes = sum(f.stat().st_size for d in state_dirs for f in d.rglob("*") if f.is_file())
     result = {**base, "sampled_per_round": len(rounds[1]["fit_clients"]),
               "evaluated_per_round": rounds[ROUNDS]["evaluated_clients"],
-              "wall_seconds": time.perf_counter() - start,
+              "wall_seconds": wall,
               "startup_round_seconds": rounds[1]["round_seconds"],
               "training_round_seconds": rounds[3]["round_seconds"],
               "evaluation_round_seconds": (rounds[2]["round_seconds"] + rounds[4]["round_seconds"]) / 2,

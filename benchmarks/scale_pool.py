@@ -28,14 +28,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from proctree import run_sampled  # noqa: E402
+from proctree import run_fedpers_sampled  # noqa: E402
 from report_files import write_report  # noqa: E402
 
 SAMPLED, EVAL_CLIENTS, GB = 100, 100, 1e9
@@ -92,15 +91,8 @@ def measure(method: str, clients: int, args: argparse.Namespace) -> dict:
             result.update(shared_model_learning(keys, out))
             (out / "measure.json").write_text(json.dumps(result, indent=2) + "\n")
         return result
-    cmd = [sys.executable, "-m", "fedpers", "run", "--out", str(out)]
-    for k, v in keys.items():
-        cmd += ["--set", f"{k}={v}"]
-    print("$", " ".join(cmd), flush=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    log = out.parent / f"{out.name}.log"
-    start = time.perf_counter()
-    rc, sampler = run_sampled(cmd, cwd=HERE.parent, interval=args.interval, timeout=args.timeout, log=log)
-    wall = time.perf_counter() - start
+    rc, sampler, log, wall = run_fedpers_sampled(keys, out, cwd=HERE.parent, interval=args.interval,
+                                                 timeout=args.timeout)
     base = {"method": method, "clients": clients}
     if rc != 0:
         return {**base, "error": f"run failed ({rc}), see {log}"}
