@@ -68,29 +68,23 @@ def majority_baseline(cfg_keys: dict, rounds: dict) -> float:
     return float(np.mean(accs))
 
 
-def shared_model_learning(keys: dict, out: Path) -> dict:
+def shared_model_learning(keys: dict, rounds: dict) -> dict:
     """The shared model's accuracy on the global test set at the last round (None for a method without a
     global head) and the trivial baseline for it: always predicting the most common class of that set."""
     from fedpers.core.federation import get_federation
     from fedpers.registry.config import build_config
 
-    rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    test = get_federation(build_config(keys)).test("cpu")
-    labels = test.y.numpy()
-    return {"global_acc": rounds[-1].get("global_acc"),
+    labels = get_federation(build_config(keys)).test("cpu").y.numpy()
+    return {"global_acc": rounds[max(rounds)].get("global_acc"),
             "global_majority_baseline": float(np.bincount(labels).max() / len(labels))}
 
 
 def measure(method: str, clients: int, args: argparse.Namespace) -> dict:
     """Run (or reuse) one run of ``method`` with ``clients`` clients under the memory sampler."""
     out = run_dir(Path(args.out), method, clients)
-    keys = settings(method, clients, args)
     if (out / "measure.json").exists():
-        result = json.loads((out / "measure.json").read_text())
-        if "error" not in result and "global_majority_baseline" not in result:  # measured before this column
-            result.update(shared_model_learning(keys, out))
-            (out / "measure.json").write_text(json.dumps(result, indent=2) + "\n")
-        return result
+        return json.loads((out / "measure.json").read_text())
+    keys = settings(method, clients, args)
     rc, sampler, log, wall = run_fedpers_sampled(keys, out, cwd=HERE.parent, interval=args.interval,
                                                  timeout=args.timeout)
     base = {"method": method, "clients": clients}
@@ -107,7 +101,7 @@ def measure(method: str, clients: int, args: argparse.Namespace) -> dict:
               "evaluation_round_seconds": float(np.mean([r["round_seconds"] for r in evaluated])),
               "first_evaluation_acc": evaluated[0]["personalized_macro_acc"],
               "final_personalized_macro_acc": rounds[max(rounds)]["personalized_macro_acc"],
-              "majority_class_baseline": majority_baseline(keys, rounds), **shared_model_learning(keys, out),
+              "majority_class_baseline": majority_baseline(keys, rounds), **shared_model_learning(keys, rounds),
               **{f"peak_{k}": v for k, v in sampler.peak.items()}}
     (out / "measure.json").write_text(json.dumps(result, indent=2) + "\n")
     return result

@@ -217,10 +217,15 @@ class ClientRoster:
     def fit_sample(self, server_round: int, proxies: dict[int, ClientProxy]) -> list[int]:
         """The partition ids that train in ``server_round``: ``round(fraction_fit * K)`` drawn with an RNG
         seeded by (seed, round), less those not connected."""
+        return [p for p in self.fit_draw(server_round) if p in proxies]
+
+    def fit_draw(self, server_round: int) -> list[int]:
+        """The seeded draw of ``server_round``'s fit sample, sorted, before any is left out for not being
+        connected: ``round(fraction_fit * K)`` partition ids from an RNG seeded by (seed, round)."""
         k = self.federation.num_clients
         m = clients_per_round(self.cfg.fraction_fit, k)
         rng = np.random.default_rng([self.cfg.seed, server_round])
-        return [int(p) for p in sorted(rng.choice(k, size=m, replace=False)) if int(p) in proxies]
+        return [int(p) for p in sorted(rng.choice(k, size=m, replace=False))]
 
     def evaluation_sample(self, server_round: int) -> set[int] | None:
         """The partition ids evaluated in ``server_round`` with ``eval_clients`` set (None: every client):
@@ -238,14 +243,12 @@ class ClientRoster:
         return {int(p) for p in rng.choice(k, size=m, replace=False)}
 
     def drawn_for_fit_by(self, server_round: int) -> list[int]:
-        """The partition ids drawn for fit in rounds 1..``server_round`` (:meth:`fit_sample`'s seeded draws,
-        connected or not), sorted: the same for every method at one seed, so a sample drawn from them keeps
+        """The partition ids drawn for fit in rounds 1..``server_round`` (:meth:`fit_draw`, connected or
+        not), sorted: the same for every method at one seed, so a sample drawn from them keeps
         comparisons paired."""
-        k = self.federation.num_clients
-        m = clients_per_round(self.cfg.fraction_fit, k)
         start, drawn = self._drawn if self._drawn[0] <= server_round else (0, set())
         for r in range(start + 1, server_round + 1):
-            drawn.update(int(p) for p in np.random.default_rng([self.cfg.seed, r]).choice(k, size=m, replace=False))
+            drawn.update(self.fit_draw(r))
         self._drawn = (server_round, drawn)
         return sorted(drawn)
 

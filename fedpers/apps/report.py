@@ -169,10 +169,9 @@ def write_tables(sweep: Sweep, cells: dict, out: Path, *, value: str = "final",
     which = (f"every row: {metric}" if metric else "shared-model methods: global accuracy; personalized methods: "
              "personalized macro accuracy (equal weight per client) unless a row names its metric")
     sampled = sorted({str(c["sample"]) for c in cells.values() if c.get("sample")})
-    which += (f"; personalized figures average a sample of {', '.join(map(str, sampled))} clients per evaluation "
-              "(eval_clients, eval_among), not every client" if any("trained" in x for x in sampled) else
-              f"; personalized figures average a sample of {', '.join(sampled)} clients per evaluation "
-              "(eval_clients), not every client" if sampled else "")
+    keys = "eval_clients, eval_among" if any("trained" in x for x in sampled) else "eval_clients"
+    which += (f"; personalized figures average a sample of {', '.join(sampled)} clients per evaluation "
+              f"({keys}), not every client" if sampled else "")
     bold = ("best mean per column in bold" if all(same_seeds.values()) else
             "best mean in bold only in a column whose rows finished the same seeds (means over different seeds "
             "are of different splits): each seed's best value is bold in the per-seed table")
