@@ -15,8 +15,9 @@ trained, and its personalized model would say nothing);
   round 1 in this layout), the mean seconds of a round that only trains and of one that also evaluates;
 * peak driver RSS and peak tree PSS (PSS splits shared pages between processes);
 * the personalized accuracy at the last round next to a trivial baseline on the same evaluated clients:
-  each client predicting the majority class of its own training split (both readings below); and the shared model's accuracy
-  (where the method has one) next to always predicting the global test set's most common class.
+  each client predicting the majority class of its own training split (both readings below); and the
+  shared model's accuracy (where the method has one) next to always predicting the global test set's most
+  common class.
 
 Two budgets (``--budget``), each with its own run directory and table:
 
@@ -90,7 +91,7 @@ def settings(method: str, clients: int, data: str, args: argparse.Namespace) -> 
             **BUDGETS[args.budget]["keys"].get(method, {})}
 
 
-def own_majority_baselines(keys: dict, per_client_acc: dict) -> dict:
+def per_client_readings(keys: dict, per_client_acc: dict) -> dict:
     """The trivial baseline of the evaluated clients (the keys of ``per_client_acc``): each predicting the
     majority class of its own training split on its own test split, read client-macro (the mean of their
     accuracies) and sample-weighted (their test samples together); also the personalized accuracy
@@ -133,7 +134,7 @@ def learning(keys: dict, out: Path) -> dict:
     return {"first_evaluation_acc": evaluated[0]["personalized_macro_acc"],
             "final_personalized_macro_acc": last["personalized_macro_acc"],
             "final_head_as_is_macro_acc": last.get("personalized_macro_acc_fair"),
-            **own_majority_baselines(keys, last["per_client_acc"]), **shared_model_learning(keys, rounds)}
+            **per_client_readings(keys, last["per_client_acc"]), **shared_model_learning(keys, rounds)}
 
 
 def measure(method: str, clients: int, data: str, args: argparse.Namespace) -> dict:
@@ -169,7 +170,8 @@ def percent(value: float | None) -> str:
 
 def table(rows: list[dict]) -> list[str]:
     """The markdown table of the measured runs."""
-    lines = ["| data | method | clients | sampled / evaluated per round | outside rounds s | round 1 s | training round s | "
+    lines = ["| data | method | clients | sampled / evaluated per round | outside rounds s | round 1 s | "
+             "training round s | "
              "evaluation round s | peak driver RSS GB | peak tree PSS GB | personalized, client-macro | "
              "own-majority, client-macro | personalized, sample-weighted | own-majority, sample-weighted | "
              "head as is, client-macro | shared model accuracy | global-majority baseline |",
@@ -221,7 +223,8 @@ def main() -> None:
     args.out = args.out or str(HERE / "results" / budget["runs"])
     rows = [measure(m, k, d, args) for d in args.data or budget["data"] for m in args.methods for k in args.clients]
     command = "python benchmarks/scale_pool.py" + ("" if args.budget == "cross-device" else f" --budget {args.budget}")
-    lines = [f"# Cross-device scale: {', '.join(args.data or budget['data'])}, {SAMPLED} clients sampled per round, client_layout=pool, "
+    lines = [f"# Cross-device scale: {', '.join(args.data or budget['data'])}, {SAMPLED} clients sampled per round, "
+             "client_layout=pool, "
              f"{args.rounds} rounds, 1 local epoch, {EVAL_CLIENTS} clients evaluated every {args.eval_every} "
              "rounds (among those trained so far), CPU", "",
              f"Command: `{command}`. Budget `{args.budget}`: {BUDGET_TEXT[args.budget]}. Memory sampled every "
