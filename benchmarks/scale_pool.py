@@ -91,15 +91,17 @@ def settings(method: str, clients: int, data: str, args: argparse.Namespace) -> 
             **BUDGETS[args.budget]["keys"].get(method, {})}
 
 
-def per_client_readings(keys: dict, per_client_acc: dict) -> dict:
-    """The trivial baseline of the evaluated clients (the keys of ``per_client_acc``): each predicting the
-    majority class of its own training split on its own test split, read client-macro (the mean of their
-    accuracies) and sample-weighted (their test samples together); also the personalized accuracy
-    sample-weighted by the same test sizes, so that both readings compare like with like."""
-    from fedpers.core.federation import get_federation
-    from fedpers.registry.config import build_config
+def read_rounds(out: Path) -> dict[int, dict]:
+    """The run's metrics.jsonl records by round."""
+    return {r["round"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
 
-    fed = get_federation(build_config(keys))
+
+def per_client_readings(fed, per_client_acc: dict) -> dict:
+    """The trivial baseline of the evaluated clients (the keys of ``per_client_acc``) in the run's federation
+    ``fed``: each predicting the majority class of its own training split on its own test split, read
+    client-macro (the mean of their accuracies) and sample-weighted (their test samples together); also the
+    personalized accuracy sample-weighted by the same test sizes, so that both readings compare like with
+    like."""
     baseline, sizes, accs = [], [], []
     for pid, acc in per_client_acc.items():
         data = fed.client(int(pid), "cpu")
@@ -113,28 +115,29 @@ def per_client_readings(keys: dict, per_client_acc: dict) -> dict:
             "final_personalized_weighted_acc": float(np.average(accs, weights=sizes))}
 
 
-def shared_model_learning(keys: dict, rounds: dict) -> dict:
-    """The shared model's accuracy on the global test set at the last round (None for a method without a
-    global head) and the trivial baseline for it: always predicting the most common class of that set."""
-    from fedpers.core.federation import get_federation
-    from fedpers.registry.config import build_config
-
-    labels = get_federation(build_config(keys)).test("cpu").y.numpy()
+def shared_model_learning(fed, rounds: dict) -> dict:
+    """The shared model's accuracy on the global test set of the run's federation ``fed`` at the last round
+    (None for a method without a global head) and the trivial baseline for it: always predicting the most
+    common class of that set."""
+    labels = fed.test("cpu").y.numpy()
     return {"global_acc": rounds[max(rounds)].get("global_acc"),
             "global_majority_baseline": float(np.bincount(labels).max() / len(labels))}
 
 
-def learning(keys: dict, out: Path) -> dict:
-    """The last round's accuracies and their trivial baselines, read from the run's metrics.jsonl: the
+def learning(keys: dict, rounds: dict) -> dict:
+    """The last round's accuracies and their trivial baselines, from the run's records by round: the
     personalized reading (client-macro and sample-weighted), pFedKDH-EA's head-as-is reading where the run
     has one, and the shared model's."""
-    rounds = {r["round"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    from fedpers.core.federation import get_federation
+    from fedpers.registry.config import build_config
+
+    fed = get_federation(build_config(keys))
     last = rounds[max(rounds)]
     evaluated = [r for r in rounds.values() if r.get("evaluated_clients")]
     return {"first_evaluation_acc": evaluated[0]["personalized_macro_acc"],
             "final_personalized_macro_acc": last["personalized_macro_acc"],
             "final_head_as_is_macro_acc": last.get("personalized_macro_acc_fair"),
-            **per_client_readings(keys, last["per_client_acc"]), **shared_model_learning(keys, rounds)}
+            **per_client_readings(fed, last["per_client_acc"]), **shared_model_learning(fed, rounds)}
 
 
 def measure(method: str, clients: int, data: str, args: argparse.Namespace) -> dict:
@@ -143,13 +146,13 @@ def measure(method: str, clients: int, data: str, args: argparse.Namespace) -> d
     out = run_dir(Path(args.out), method, clients, data)
     keys = settings(method, clients, data, args)
     if (out / "measure.json").exists():
-        return {"data": data, **json.loads((out / "measure.json").read_text()), **learning(keys, out)}
+        return {"data": data, **json.loads((out / "measure.json").read_text()), **learning(keys, read_rounds(out))}
     rc, sampler, log, wall = run_fedpers_sampled(keys, out, cwd=HERE.parent, interval=args.interval,
                                                  timeout=args.timeout)
     base = {"method": method, "clients": clients, "data": data}
     if rc != 0:
         return {**base, "error": f"run failed ({rc}), see {log}"}
-    rounds = {r["round"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    rounds = read_rounds(out)
     evaluated = [r for r in rounds.values() if r.get("evaluated_clients")]
     training = [r for r in rounds.values() if not r.get("evaluated_clients")]
     result = {**base, "keys": keys, "rounds": len(rounds), "sampled_per_round": len(rounds[1]["fit_clients"]),
@@ -160,7 +163,7 @@ def measure(method: str, clients: int, data: str, args: argparse.Namespace) -> d
               "evaluation_round_seconds": float(np.mean([r["round_seconds"] for r in evaluated])),
               **{f"peak_{k}": v for k, v in sampler.peak.items()}}
     (out / "measure.json").write_text(json.dumps(result, indent=2) + "\n")
-    return {**result, **learning(keys, out)}
+    return {**result, **learning(keys, rounds)}
 
 
 def percent(value: float | None) -> str:
@@ -221,9 +224,10 @@ def main() -> None:
     args = p.parse_args()
     budget = BUDGETS[args.budget]
     args.out = args.out or str(HERE / "results" / budget["runs"])
-    rows = [measure(m, k, d, args) for d in args.data or budget["data"] for m in args.methods for k in args.clients]
+    data = args.data or budget["data"]
+    rows = [measure(m, k, d, args) for d in data for m in args.methods for k in args.clients]
     command = "python benchmarks/scale_pool.py" + ("" if args.budget == "cross-device" else f" --budget {args.budget}")
-    lines = [f"# Cross-device scale: {', '.join(args.data or budget['data'])}, {SAMPLED} clients sampled per round, "
+    lines = [f"# Cross-device scale: {', '.join(data)}, {SAMPLED} clients sampled per round, "
              "client_layout=pool, "
              f"{args.rounds} rounds, 1 local epoch, {EVAL_CLIENTS} clients evaluated every {args.eval_every} "
              "rounds (among those trained so far), CPU", "",
