@@ -93,7 +93,9 @@ def settings(method: str, clients: int, data: str, args: argparse.Namespace) -> 
 
 def read_rounds(out: Path) -> dict[int, dict]:
     """The run's metrics.jsonl records by round."""
-    return {r["round"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    from fedpers.core.results import read_metrics
+
+    return {r["round"]: r for r in read_metrics(out)}
 
 
 def per_client_readings(fed, per_client_acc: dict) -> dict:
