@@ -13,6 +13,7 @@ Runs on a GPU are named where they are used: a study with a run whose ``summary.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -89,6 +90,30 @@ def test_runs_on_a_gpu_are_named_where_they_are_used():
     readme = (ROOT / "README.md").read_text()
     missing = sorted(s for s in studies if f"`{s}`" not in readme.split("## Results", 1)[-1])
     assert not missing, f"README.md's Results section does not name the studies with GPU runs: {missing}"
+
+
+def device_counts() -> dict[str, int]:
+    """How many committed study runs record each ``config.device`` in their summary.json."""
+    counts: dict[str, int] = {}
+    for s in (ROOT / "benchmarks" / "results").glob("*/runs/**/summary.json"):
+        device = json.loads(s.read_text()).get("config", {}).get("device", "cpu")
+        counts[device] = counts.get(device, 0) + 1
+    return counts
+
+
+# The sentence each page opens its results with: "N of the M committed (study) runs" trained on a GPU.
+RUN_COUNT = re.compile(r"(\d+) of\s+the (\d+) committed(?: study)? runs")
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_the_stated_run_counts_are_the_committed_runs(doc):
+    counts = device_counts()
+    found = RUN_COUNT.findall((ROOT / doc).read_text())
+    assert found, f"{doc}: no 'N of the M committed runs' sentence"
+    for on_gpu, total in found:
+        assert (int(on_gpu), int(total)) == (counts.get("cuda", 0), sum(counts.values())), (
+            f"{doc}: says {on_gpu} of {total} committed runs on a GPU; benchmarks/results holds "
+            f"{counts.get('cuda', 0)} of {sum(counts.values())}")
 
 
 @pytest.mark.parametrize("doc", DOCS)
