@@ -9,7 +9,9 @@ Per round the client
    ``z = backbone(x)``, ``t`` is the EMA teacher's representation of the same sample (no gradient),
    ``lambda_i = min(base (1 + d_i), bound)`` with drift ``d_i = 1 - cos(z_i, t_i)``;
 4. uploads only the shared extractor, keeps head + residual, and updates its EMA teacher
-   ``T <- beta T + (1 - beta) theta_k`` with the trained extractor.
+   ``T <- beta T + (1 - beta) theta`` with the trained extractor ``theta_k`` (``fedeagd_teacher_source:
+   trained``) or the broadcast one ``theta_g`` (``received``: the teacher then holds the history of the
+   shared representation as this client received it).
 
 The EMA teacher is client state (``context.state``, saved once as an ``ArrayRecord``), persistent across
 rounds and never sent. A client has no history before its first participation, so that round has no
@@ -32,7 +34,7 @@ from clients.base import FedPersClient
 from fedpers.algorithms.fedeagd import (
     FIT_STATISTICS, ema_update, fedeagd_coefficients, fusion_coefficient, historical_distillation,
     mechanism_statistics)
-from fedpers.core.models import set_arrays
+from fedpers.core.models import get_arrays, set_arrays
 from fedpers.core.training import features_in_both_modes, frozen_copy
 from fedpers.core.wire import BACKBONE_ONLY, server_round_of
 
@@ -50,6 +52,7 @@ class FedEAGDClient(FedPersClient):
     def __init__(self, cfg, context):
         super().__init__(cfg, context)
         self.teacher: nn.Module | None = None
+        self.received_backbone: list[np.ndarray] | None = None
         self.reset_statistics()
 
     def reset_statistics(self) -> None:
@@ -65,6 +68,11 @@ class FedEAGDClient(FedPersClient):
         """``fedeagd_residual_init: default``: the residual's output layer at PyTorch's seeded init."""
         if self.cfg.fedeagd_residual_init == "default":
             self.model.reset_residual_output(self.cfg.seed)
+
+    def on_download(self) -> None:
+        """Keep the broadcast shared extractor where the teacher averages it in after the round."""
+        if self.cfg.fedeagd_teacher_source == "received":
+            self.received_backbone = get_arrays(self.model, "backbone")
 
     # --- round settings -----------------------------------------------------------------------
     def set_round(self, server_round: int) -> float:
@@ -86,10 +94,11 @@ class FedEAGDClient(FedPersClient):
         set_arrays(teacher, arrays, "backbone", source=f"client {self.partition_id}: EMA teacher state")
         return teacher
 
-    def update_teacher(self, trained_backbone: list[np.ndarray]) -> None:
-        """``T <- beta T + (1 - beta) theta_k`` (first participation: ``T <- theta_k``), saved in state."""
+    def update_teacher(self, backbone: list[np.ndarray]) -> None:
+        """``T <- beta T + (1 - beta) theta`` (first participation: ``T <- theta``), saved in state; ``theta``
+        is the trained or the received extractor (``fedeagd_teacher_source``)."""
         old = self.load_state(TEACHER_STATE)
-        new = trained_backbone if old is None else ema_update(old, trained_backbone, self.cfg.fedeagd_ema_decay)
+        new = backbone if old is None else ema_update(old, backbone, self.cfg.fedeagd_ema_decay)
         self.save_state(TEACHER_STATE, new)
 
     # --- training -------------------------------------------------------------------------------
@@ -126,7 +135,9 @@ class FedEAGDClient(FedPersClient):
         uploaded, n, metrics = super().fit(parameters, config)
         self.teacher = None
         if self.cfg.fedeagd_teacher:
-            self.update_teacher(uploaded)
+            received = self.cfg.fedeagd_teacher_source == "received"
+            self.update_teacher(self.received_backbone if received else uploaded)
+        self.received_backbone = None
         metrics["fusion"] = alpha
         if self._coefs:
             # the fixed-coefficient ablation has no clip: no sample is "at the bound" there

@@ -238,6 +238,26 @@ def test_ema_teacher_receives_no_gradient_and_changes_only_by_ema():
     assert 0 < metrics["kd_loss_share"] < 1
 
 
+def test_received_teacher_source_averages_the_broadcast_extractor_not_the_trained_one():
+    cfg = fedeagd_cfg(fedeagd_ema_decay=0.75, fedeagd_teacher_source="received")
+    _, params = broadcast(cfg)
+    ctx = make_context(1, cfg.num_clients)
+    first, _, _ = FedEAGDClient(cfg, ctx).fit(params, {"server_round": 1})
+    t1 = ctx.state["fedpers." + TEACHER_STATE].to_numpy_ndarrays()
+    for a, b in zip(t1, params):
+        np.testing.assert_array_equal(a, b)  # first participation: the teacher starts as the broadcast
+    assert any(not np.array_equal(a, b) for a, b in zip(first, params))  # training moved the extractor
+
+    # round 2 broadcasts another extractor (round 1's trained one, as a server aggregating this client alone)
+    second, _, metrics = FedEAGDClient(cfg, ctx).fit(first, {"server_round": 2})
+    t2 = ctx.state["fedpers." + TEACHER_STATE].to_numpy_ndarrays()
+    for a, old, new in zip(t2, t1, first):
+        np.testing.assert_allclose(a, 0.75 * old + 0.25 * new, rtol=1e-6, atol=1e-7)
+    assert any(not np.allclose(a, 0.75 * old + 0.25 * trained, rtol=1e-6, atol=1e-7)
+               for a, old, trained in zip(t2, t1, second))
+    assert metrics["mean_drift"] > 0  # the round-2 student starts away from the teacher (the round-1 broadcast)
+
+
 def _batch_loss(cfg, ctx, server_round=2):
     """The client's loss on one fixed batch (dropout seeded), with the stored teacher."""
     client = FedEAGDClient(cfg, ctx)
@@ -323,6 +343,8 @@ def test_fedeagd_keys_reject_bad_values():
         fedeagd_cfg(fedeagd_ema_decay=1.5)
     with pytest.raises(ConfigError, match="fedeagd_kd_form"):
         fedeagd_cfg(fedeagd_kd_form="kl")
+    with pytest.raises(ConfigError, match="fedeagd_teacher_source"):
+        fedeagd_cfg(fedeagd_teacher_source="global")
 
 
 def test_ready_configs_resolve():

@@ -42,6 +42,10 @@ KEYS: tuple[Key, ...] = (
     Key("fedeagd_fusion_ramp", int, 20, "FedEAGD rounds over which the gate rises linearly to 1 (ours)",
         non_negative),
     Key("fedeagd_teacher", bool, True, "FedEAGD historical EMA teacher on (false = ablation: no teacher)"),
+    Key("fedeagd_teacher_source", str, "trained",
+        "FedEAGD extractor the EMA teacher averages in after each participation: trained (the one the client "
+        "trained) | received (the shared extractor the server broadcast: the history of the shared "
+        "representation) (ours: trained)", one_of("trained", "received")),
     Key("fedeagd_kd_weighting", str, "adaptive",
         "FedEAGD coefficient: adaptive (drift-based) | fixed (ablation, fedeagd_kd_fixed for every sample)",
         one_of("adaptive", "fixed")),
