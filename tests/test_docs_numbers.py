@@ -114,6 +114,8 @@ def test_the_stated_run_counts_are_the_committed_runs(doc):
         assert (int(on_gpu), int(total)) == (counts.get("cuda", 0), sum(counts.values())), (
             f"{doc}: says {on_gpu} of {total} committed runs on a GPU; benchmarks/results holds "
             f"{counts.get('cuda', 0)} of {sum(counts.values())}")
+    for on_cpu in re.findall(r"the other (\d+) say `cpu`", (ROOT / doc).read_text()):
+        assert int(on_cpu) == counts.get("cpu", 0), f"{doc}: says {on_cpu} runs on the CPU, {counts.get('cpu', 0)} are"
 
 
 @pytest.mark.parametrize("doc", DOCS)
