@@ -120,3 +120,49 @@ def test_the_no_gradient_max_pool_path_gives_nn_maxpool2d_bit_for_bit(kind, shap
     out.backward(gradient)
     plain(b).backward(gradient)
     assert torch.equal(a.grad, b.grad)
+
+
+def test_cpu_image_batches_are_channels_last_and_train_as_channels_first(tmp_path):
+    """A federation of 3-channel images hands its clients (and the server's sets) channels-last tensors on the
+    CPU, where oneDNN's kernels are faster; 1-channel images and vectors stay as they were. The layout moves
+    no value: batches indexed from it keep it, max-pooling it is exact, and a training step of each model kind
+    gives the channels-first step's loss and parameters up to rounding."""
+    from fedpers.core.federation import device_layout, get_federation
+    from fedpers.core.models import MaxPool2d
+    from fedpers.registry.config import build_config
+    from tests.conftest import tiny_overrides
+
+    rng = np.random.default_rng(0)
+    path = tmp_path / "rgb.npz"
+    np.savez(path, x_train=rng.random((60, 3, 8, 8), dtype=np.float32), y_train=np.arange(60) % 3,
+             x_test=rng.random((30, 3, 8, 8), dtype=np.float32), y_test=np.arange(30) % 3)
+    cfg = build_config(tiny_overrides(method="fedper", dataset=str(path), aux_size=6))
+    fed = get_federation(cfg)
+    client = fed.client(0, torch.device("cpu"))
+    channels_last = torch.channels_last
+    assert client.train.x.is_contiguous(memory_format=channels_last) and not client.train.x.is_contiguous()
+    assert client.test.x.is_contiguous(memory_format=channels_last)
+    assert fed.aux(torch.device("cpu")).x.is_contiguous(memory_format=channels_last)
+    assert client.train.x[torch.tensor([3, 0, 1])].is_contiguous(memory_format=channels_last)
+    loaded = torch.from_numpy(fed.dataset.x_train)
+    assert torch.equal(client.train.x, loaded[fed.partition.train[0]])  # same values, another order in memory
+    gray, vectors = torch.rand(4, 1, 8, 8), torch.rand(4, 60)
+    assert device_layout(gray) is gray and device_layout(vectors) is vectors
+
+    pooled = MaxPool2d(2)(device_layout(torch.relu(torch.randn(4, 8, 10, 10))))
+    assert pooled.is_contiguous(memory_format=channels_last)
+
+    for kind, shape in [("cnn", (3, 32, 32)), ("se_cnn", (3, 32, 32)), ("gn_cnn", (3, 64, 64))]:
+        x = torch.rand(8, *shape, generator=torch.Generator().manual_seed(2))
+        y = torch.arange(8) % 5
+        steps = []
+        for batch in (x, device_layout(x)):
+            model = build_model(shape, 5, feature_dim=32, seed=0, kind=kind, dropout=0.0)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            loss = torch.nn.functional.cross_entropy(model(batch), y)
+            loss.backward()
+            opt.step()
+            steps.append((loss.item(), torch.cat([p.detach().flatten() for p in model.parameters()])))
+        (loss_cf, params_cf), (loss_cl, params_cl) = steps
+        assert loss_cl == pytest.approx(loss_cf, rel=1e-6), kind
+        assert torch.allclose(params_cl, params_cf, rtol=1e-5, atol=1e-6), kind
