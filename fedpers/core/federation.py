@@ -412,9 +412,9 @@ def device_layout(x: torch.Tensor) -> torch.Tensor:
     images on the CPU in channels-last (NHWC) order, anything else as it is.
 
     The values are the same; only the order in memory changes, and with it the kernels PyTorch picks:
-    oneDNN's channels-last convolutions and the vectorised channels-last max-pool and GroupNorm, faster for
-    every multi-channel model we train, in training steps and evaluations alike (benchmarks/memory_format.py
-    measures both layouts side by side). On 1-channel images the two layouts are one. Batches sliced or
+    oneDNN's channels-last convolutions and the vectorised channels-last max-pool and GroupNorm, which were
+    faster or level for every multi-channel model we train, in training steps and evaluations, on one thread
+    and two (benchmarks/memory_format.py measures both layouts side by side). On 1-channel images the two layouts are one. Batches sliced or
     indexed from such a tensor keep its layout, so every training step and evaluation gets it. Sums taken
     in another order round differently: a run of 3-channel images gives the numbers it gave in channels-first
     order up to rounding, not bit for bit. On CUDA the layout stays as it was (not measured there)."""
