@@ -103,7 +103,8 @@ def main() -> None:
              f"`python benchmarks/memory_format.py --repeats {args.repeats} --steps {args.steps} --threads "
              f"{' '.join(map(str, args.threads))}`: the same model and batch in both layouts, alternating; "
              "medians in ms.", "",
-             "| setting | work | threads | channels-first | channels-last | last / first |", "|---|---|---|---|---|---|"]
+             "| setting | work | threads | channels-first | channels-last | last / first |",
+             "|---|---|---|---|---|---|"]
     for r in rows:
         m = r["seconds_median"]
         lines.append(f"| {r['setting']} | {r['work']} (batch {r['batch']}) | {r['threads']} | "

@@ -414,10 +414,11 @@ def device_layout(x: torch.Tensor) -> torch.Tensor:
     The values are the same; only the order in memory changes, and with it the kernels PyTorch picks:
     oneDNN's channels-last convolutions and the vectorised channels-last max-pool and GroupNorm, which were
     faster or level for every multi-channel model we train, in training steps and evaluations, on one thread
-    and two (benchmarks/memory_format.py measures both layouts side by side). On 1-channel images the two layouts are one. Batches sliced or
-    indexed from such a tensor keep its layout, so every training step and evaluation gets it. Sums taken
-    in another order round differently: a run of 3-channel images gives the numbers it gave in channels-first
-    order up to rounding, not bit for bit. On CUDA the layout stays as it was (not measured there)."""
+    and two (benchmarks/memory_format.py measures both layouts side by side). On 1-channel images the two
+    layouts are one. Batches sliced or indexed from such a tensor keep its layout, so every training step
+    and evaluation gets it. Sums taken in another order round differently: a run of 3-channel images gives
+    the numbers it gave in channels-first order up to rounding, not bit for bit. On CUDA the layout stays as
+    it was (not measured there)."""
     if x.device.type == "cpu" and x.dim() == 4 and x.shape[1] > 1:
         return x.contiguous(memory_format=torch.channels_last)
     return x
@@ -509,7 +510,8 @@ class ClientSlice:
         if partition_id != self.partition_id:
             raise DataError(f"client slice of partition {self.partition_id} asked for partition {partition_id}")
         if str(device) not in self._on_device:
-            a = {k: device_layout(torch.from_numpy(np.ascontiguousarray(v)).to(device)) for k, v in self._arrays.items()}
+            a = {k: device_layout(torch.from_numpy(np.ascontiguousarray(v)).to(device))
+                 for k, v in self._arrays.items()}
             self._on_device[str(device)] = ClientData(Split(a["x_train"], a["y_train"]), Split(a["x_test"], a["y_test"]),
                                                       Split(a["x_val"], a["y_val"]) if "x_val" in a else None)
         return self._on_device[str(device)]
