@@ -250,21 +250,25 @@ def test_discovery_round_expands_head_and_optimizer_state():
     assert 0.0 <= metrics["acc"] <= 1.0
 
 
-# --- end to end in Ray simulation ---------------------------------------------------------------------------
+# --- end to end: once in Ray simulation, over the other optimizers in-process -----------------------------
+# The in-process engine runs the same server_fn, round loop and clients (tests/test_simulation.py checks that
+# it gives the Ray simulation's numbers); Ray would add its start-up to every case.
 
-E2E = [("fedavg", "graded"), ("scaffold", "random"), ("feddyn", "graded"), ("feddc", "random"),
-       ("fedproc", "graded"), ("moon", "random"), ("fedavg", "hard")]
+E2E = [("fedavg", "graded", "ray"), ("scaffold", "random", "inprocess"), ("feddyn", "graded", "inprocess"),
+       ("feddc", "random", "inprocess"), ("fedproc", "graded", "inprocess"), ("moon", "random", "inprocess"),
+       ("fedavg", "hard", "inprocess")]
 
 
 @pytest.mark.simulation
-@pytest.mark.parametrize("method,mode", E2E)
-def test_jdfl_runs_end_to_end(method, mode, tmp_path):
+@pytest.mark.parametrize("method,mode,engine", E2E)
+def test_jdfl_runs_end_to_end(method, mode, engine, tmp_path):
     from fedpers.core.results import read_metrics, read_summary
+    from fedpers.apps.inprocess import run_in_process
     from fedpers.apps.simulation import run_simulation
 
     cfg = build_config(domain_overrides(method=method, jdfl=mode, num_clients=3, fraction_fit=0.67,
                                         out_dir=str(tmp_path), jdfl_discovery_epochs=1))
-    run_simulation(cfg)
+    {"ray": run_simulation, "inprocess": run_in_process}[engine](cfg)
     rounds = read_metrics(tmp_path)
     summary = read_summary(tmp_path)
     assert [r["round"] for r in rounds] == [1, 2]

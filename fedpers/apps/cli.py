@@ -31,6 +31,7 @@ import time
 import yaml
 
 from fedpers.registry.config import Config, core_value, full_schema, load_config, parse_set_arguments
+from fedpers.core.allocator import allocator_choice
 from fedpers.core.errors import STOP_REQUESTED, EngineError, FedpersError, Interrupted, cut
 from fedpers.apps.processes import kill_own_tree, own_tree  # no import inside the signal handler
 from fedpers.apps.deploy import DEFAULT_CERT_DAYS, MAX_CERT_DAYS
@@ -518,6 +519,8 @@ def main(argv: list[str] | None = None) -> int:
     _ray_before_command = "ray" in sys.modules
     STOP_REQUESTED.clear()  # a process that calls main() again (a test suite) starts each command unstopped
     try:
+        if args.command in ("run", "sweep", "deploy"):
+            allocator_choice()  # a bad FEDPERS_MALLOC is one line here, not an error inside every client
         return handler(args)
     except FedpersError as exc:
         print(f"fedpers: error: {exc}", file=sys.stderr, flush=True)

@@ -25,6 +25,7 @@ from flwr.app import Context, Message, RecordDict
 from flwr.client import ClientApp
 
 from clients.base import partition_id_of
+from fedpers.core.allocator import retain_freed_memory
 from fedpers.registry.config import Config, from_run_config
 from fedpers.core.federation import use_client_slice
 from fedpers.registry.methods import client_for_message
@@ -56,6 +57,7 @@ def client_fn(context: Context):
     """Build the method's NumPyClient for this node (Flower recreates it for every message)."""
     cfg = config_of(context)
     _limit_threads(max(1, int(cfg.client_cpus)))
+    retain_freed_memory()
     client = client_for_message(cfg, context)
     _client_built_at[:] = [time.time()]  # a Ray actor serves many messages: keep only this one's
     return client

@@ -20,6 +20,7 @@ from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from flwr.server.compat import start_grid
 from flwr.serverapp import Grid
 
+from fedpers.core.allocator import retain_freed_memory
 from fedpers.core.checkpoint import checkpoint_path, load_checkpoint
 from fedpers.apps.client_app import config_of
 from fedpers.registry.config import Config
@@ -33,6 +34,7 @@ from fedpers.core.rundir import check_out_dir
 
 def server_fn(context: Context) -> ServerAppComponents:
     """Build the method's Strategy, its results writer and the number of rounds."""
+    retain_freed_memory()  # the in-process engine's clients and the server's own evaluations run here
     cfg = config_of(context)
     federation = federation_for(cfg)  # checked to hold Ds when the method needs it
     state = check_run_dir(cfg)  # before the results writer touches out_dir
