@@ -37,7 +37,7 @@ from fedpers.algorithms import fedfed
 from fedpers.algorithms.fedfed import (FeatureDistiller, fedfed_distill_loss, sensitive_features,
                                        distill_rounds, empty_shared)
 from fedpers.core.errors import ClientUpdateError
-from fedpers.core.federation import get_federation
+from fedpers.core.federation import device_layout, get_federation
 from fedpers.core.models import get_arrays
 from fedpers.core.seeds import derived_seed
 from fedpers.core.training import minibatches, sgd, train_epochs
@@ -93,7 +93,8 @@ class FedFedClient(FedPersClient):
                 or (len(ys) and (ys.min() < 0 or ys.max() >= self.num_classes))):
             raise ClientUpdateError(f"client {self.partition_id}: server broadcast: malformed shared features "
                                     f"{xs.shape} / labels {ys.shape}")
-        self.shared_x = torch.as_tensor(xs, dtype=torch.float32, device=self.device)
+        # in the layout of the client's own images: torch.cat of two layouts falls back to channels-first
+        self.shared_x = device_layout(torch.as_tensor(xs, dtype=torch.float32, device=self.device))
         self.shared_y = torch.as_tensor(ys, device=self.device).round().long()
         super().prepare(parameters)
 

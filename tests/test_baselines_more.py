@@ -372,6 +372,25 @@ def test_fedfed_shares_once_and_clients_train_on_shared_features():
     assert not arrays_equal(a[:-2], b[:-2])
 
 
+def test_fedfed_trains_on_its_own_and_the_shared_images_in_one_layout(tmp_path):
+    """3-channel images reach the client channels-last (fedpers.core.federation.device_layout); the shared
+    samples it receives join them in that layout, so its training steps keep the faster kernels."""
+    rng = np.random.default_rng(0)
+    path = tmp_path / "rgb.npz"
+    np.savez(path, x_train=rng.random((60, 3, 32, 32), dtype=np.float32), y_train=np.arange(60) % 3,
+             x_test=rng.random((30, 3, 32, 32), dtype=np.float32), y_test=np.arange(30) % 3)
+    cfg = tiny_cfg("fedfed", dataset=str(path), aux_size=6)
+    strategy, client = make_strategy(cfg), FedFedClient(cfg, make_context(1, cfg.num_clients))
+    shared = rng.random((5, 3, 32, 32), dtype=np.float32)
+    content = {**strategy.broadcast_content(), "shared_features": [shared], "shared_labels": [np.arange(5.0) % 3]}
+    arrays, counts = join_sections(content, strategy.broadcast_sections)
+    client.receive(arrays, {**strategy.message_config(2), **counts})
+    assert client.data.train.x.is_contiguous(memory_format=torch.channels_last)
+    x_all, y_all = client.training_set()
+    assert x_all.is_contiguous(memory_format=torch.channels_last) and not x_all.is_contiguous()
+    assert torch.equal(x_all[-5:], torch.from_numpy(shared)) and y_all[-5:].tolist() == [0, 1, 2, 0, 1]
+
+
 def test_fedfed_server_drops_malformed_shared_features():
     cfg = tiny_cfg("fedfed", rounds=3, fedfed_distill_rounds=1)
     strategy = make_strategy(cfg)
