@@ -141,8 +141,12 @@ def test_corrupt_update_kinds():
 def test_one_nan_client_in_five_is_rejected_every_round_and_accuracy_holds(tmp_path):
     base = tiny_overrides(method="fedavg", num_clients=5, fraction_fit=1.0, rounds=3, local_epochs=2,
                           alpha=100.0, aux_size=50, feature_dim=32)
+    from fedpers.apps.inprocess import run_in_process
+
     run_simulation(build_config(dict(base, faulty_clients="4", out_dir=str(tmp_path / "nan"))))
-    run_simulation(build_config(dict(base, out_dir=str(tmp_path / "clean"))))
+    # the reference run without the faulty client: in-process, which gives the Ray simulation's numbers
+    # (tests/test_simulation.py) without a second Ray start-up
+    run_in_process(build_config(dict(base, out_dir=str(tmp_path / "clean"))))
     nan_rounds, clean_rounds = read_metrics(tmp_path / "nan"), read_metrics(tmp_path / "clean")
     assert [r["rejected_updates"] for r in nan_rounds] == [1, 1, 1]
     assert all(r["rejected_updates"] == 0 for r in clean_rounds)
