@@ -10,7 +10,7 @@ from fedpers.core.federation import get_federation
 from fedpers.core.partition import load_partition, make_partition, save_partition
 from fedpers.registry.methods import federation_for
 from fedpers.core.results import read_metrics
-from fedpers.apps.simulation import run_simulation
+from fedpers.apps.inprocess import run_in_process
 from tests.conftest import tiny_overrides
 
 
@@ -99,11 +99,12 @@ def test_method_needing_aux_says_none_is_left(digits, tmp_path):
 
 @pytest.mark.simulation
 def test_round_trip_run_gives_same_clients_and_first_round(tmp_path):
+    # in-process: the split is written and read by server_fn and the clients, the same in every engine
     first = build_config(tiny_overrides(method="fedavg", rounds=1, out_dir=str(tmp_path / "a"), fraction_fit=0.67))
-    run_simulation(first)
+    run_in_process(first)
     saved = tmp_path / "a" / "partition.npz"
     second = first.replace(partition="file", partition_file=str(saved), out_dir=str(tmp_path / "b"))
-    run_simulation(second)
+    run_in_process(second)
     a, b = read_metrics(tmp_path / "a")[0], read_metrics(tmp_path / "b")[0]
     for key in ("per_client_acc", "global_acc", "train_loss", "fit_clients"):
         assert a[key] == b[key], key
@@ -116,7 +117,7 @@ def test_pflib_joined_split_runs_fedavg(digits, tmp_path):
     path = write(tmp_path, "pflib.npz", pflib_style_joined(digits, num_clients=3, aux=0))
     cfg = build_config(tiny_overrides(method="fedavg", rounds=1, partition="file", partition_file=path,
                                       out_dir=str(tmp_path / "run")))
-    run_simulation(cfg)
+    run_in_process(cfg)
     rec = read_metrics(tmp_path / "run")[0]
     assert set(rec["per_client_acc"]) == {"0", "1", "2"} and rec["global_acc"] is not None
 
