@@ -363,10 +363,12 @@ def test_ready_configs_resolve():
 @pytest.mark.simulation
 def test_fedeagd_simulation_counts_shared_extractor_bytes(tmp_path):
     from fedpers.core.results import read_metrics, read_summary
-    from fedpers.apps.simulation import run_simulation
+    from fedpers.apps.inprocess import run_in_process
 
+    # in-process: the server counts the bytes of the serialized messages, which every engine sends alike
+    # (FedEAGD in Ray: tests/test_simulation.py)
     cfg = fedeagd_cfg(out_dir=str(tmp_path), fedeagd_fusion_start=2, fedeagd_fusion_ramp=1)
-    run_simulation(cfg)
+    run_in_process(cfg)
     rounds, summary = read_metrics(tmp_path), read_summary(tmp_path)
     shared = summary["shared_params"]
     model = build_model(get_federation(cfg).input_shape, 10, feature_dim=cfg.feature_dim, kind="se_cnn")
