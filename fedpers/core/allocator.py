@@ -9,8 +9,9 @@ page faults per step of a GroupNorm CNN on this project's CPU machine (``benchma
 ``benchmarks/results/allocator.md``). Here every block comes from a heap (``M_MMAP_MAX`` 0), the main heap
 is trimmed only past 1 GiB of free memory (``M_TRIM_THRESHOLD``), and 64 MiB of padding (``M_TOP_PAD``,
 address space reserved, not touched) keeps a thread's free heaps alive, so the next step reuses the same
-pages. What the process holds is about its peak, which it needed anyway; the benchmark reports the peak
-resident memory of both.
+pages. The price is memory held: the peak resident memory of the benchmark's whole PACS runs was about a
+tenth higher at 64x64 and a fifth at 112x112 (torch asks for 64-byte aligned blocks, which a heap reuses
+only once freed neighbours have merged, and retained heaps stay with the process).
 
 Linux with glibc only; elsewhere (musl on an edge device, macOS) nothing changes. A user who sets glibc's own
 malloc variables (``MALLOC_MMAP_MAX_``, ``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``,
@@ -24,6 +25,8 @@ import ctypes
 import functools
 import os
 import sys
+
+from fedpers.core.errors import ConfigError
 
 OPT_OUT_ENV = "FEDPERS_MALLOC"
 # mallopt(3) parameters, from glibc's <malloc.h>
@@ -42,8 +45,6 @@ def allocator_choice(environ=os.environ) -> str:
     ``user`` (glibc's own variables are set: the user chose) or ``retain`` (ours)."""
     value = environ.get(OPT_OUT_ENV, "").strip().lower()
     if value not in ("", "retain", "system"):
-        from fedpers.core.errors import ConfigError
-
         raise ConfigError(f"environment variable {OPT_OUT_ENV}={environ[OPT_OUT_ENV]!r}: expected 'retain' (the "
                           "default) or 'system' (glibc's own malloc settings)")
     if value == "system":
