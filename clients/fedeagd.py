@@ -35,7 +35,8 @@ from fedpers.algorithms.fedeagd import (
     FIT_STATISTICS, ema_update, fedeagd_coefficients, fusion_coefficient, historical_distillation,
     mechanism_statistics)
 from fedpers.core.models import get_arrays, set_arrays
-from fedpers.core.training import features_in_both_modes, frozen_copy
+from fedpers.core.training import (backbone_features, features_in_both_modes, frozen_copy, sgd,
+                                   train_epochs)
 from fedpers.core.wire import BACKBONE_ONLY, server_round_of
 
 TEACHER_STATE = "ema_teacher"
@@ -102,18 +103,49 @@ class FedEAGDClient(FedPersClient):
         self.save_state(TEACHER_STATE, new)
 
     # --- training -------------------------------------------------------------------------------
+    def train(self, generator: torch.Generator) -> float:
+        """E epochs of SGD on :meth:`distilled_loss`, the EMA teacher's features of every training sample
+        computed once for the round.
+
+        The teacher is frozen for the whole round and sees the samples as they are (no augmentation), so
+        its features of a sample are the same in every epoch: one eval-mode pass over the client's data
+        replaces one teacher pass per batch per epoch (``benchmarks/fedeagd_step_cost.py``). The batches are
+        the base class's, drawn from the same generator; the teacher's features match the per-batch ones up
+        to rounding (batches of another size)."""
+        train = self.data.train
+        if self.teacher is None or len(train) == 0:
+            return super().train(generator)
+        teacher_features = backbone_features(self.teacher, train.x)
+        opt = sgd(self.model.parameters(), self.cfg.lr, self.cfg.momentum, self.cfg.weight_decay)
+        rows = torch.arange(len(train.y), device=train.y.device)
+
+        def batch_loss(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+            return self.distilled_loss(x, train.y[idx], teacher_features[idx])
+
+        # train_epochs hands each batch's labels to batch_loss: here the row numbers, which find both the
+        # labels and the teacher's features of the batch
+        return train_epochs(self.model, train.x, rows, epochs=self.cfg.local_epochs,
+                            batch_size=self.cfg.batch_size, optimizer=opt, batch_loss=batch_loss,
+                            generator=generator, drop_last=self.cfg.drop_last_batch)
+
     def batch_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """CE of the fused model plus the per-sample weighted historical distillation of the extractor.
+        """CE of the fused model plus the per-sample weighted historical distillation of the extractor, the
+        teacher's features computed for this batch (:meth:`distilled_loss`); without a teacher plain CE."""
+        if self.teacher is None:
+            return F.cross_entropy(self.model(x), y)
+        with torch.no_grad():
+            t = self.teacher.backbone(x)
+        return self.distilled_loss(x, y, t)
+
+    def distilled_loss(self, x: torch.Tensor, y: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """``CE(head(z + alpha_t r(z)), y) + 1/B sum_i lambda_i l(z_i, t_i)`` with the teacher's features
+        ``t`` of the batch (summary: FedEAGD's local objective).
 
         The drift that sets each sample's coefficient compares the student's and the teacher's features in
         the same mode (both eval mode, no dropout), so identical extractors have drift 0; the distillation
         loss itself is on the training-mode features, which carry the gradient."""
-        if self.teacher is None:
-            return F.cross_entropy(self.model(x), y)
         z, z_matched = features_in_both_modes(self.model.backbone, x)  # one pass of the convolutions
         loss = F.cross_entropy(self.model.classify(z), y)
-        with torch.no_grad():
-            t = self.teacher.backbone(x)
         drift, coef = fedeagd_coefficients(
             z_matched, t, adaptive=self.cfg.fedeagd_kd_weighting == "adaptive", base=self.cfg.fedeagd_kd_base,
             upper=self.cfg.fedeagd_kd_max, fixed=self.cfg.fedeagd_kd_fixed)

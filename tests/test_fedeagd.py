@@ -14,7 +14,7 @@ from fedpers.algorithms.fedeagd import (FIT_STATISTICS, distillation_coefficient
                                         mechanism_statistics, per_sample_distillation, representation_drift)
 from fedpers.core.federation import get_federation
 from fedpers.core.models import array_shapes, build_model, get_arrays, parameter_count, parameter_names, set_arrays
-from fedpers.core.training import frozen_copy
+from fedpers.core.training import EVAL_BATCH, frozen_copy
 from strategies.fedeagd import FedEAGDStrategy
 from tests.conftest import tiny_overrides
 from tests.test_clients import make_context
@@ -276,6 +276,46 @@ def _trained_context(cfg, pid=0):
     ctx = make_context(pid, cfg.num_clients)
     FedEAGDClient(cfg, ctx).fit(params, {"server_round": 1})
     return ctx
+
+
+def test_teacher_features_computed_once_a_round_train_as_the_per_batch_teacher(monkeypatch):
+    """FedEAGDClient.train computes the frozen teacher's features of every sample once for the round; the
+    per-batch teacher (the base class's training on batch_loss) gives the same round up to rounding: same
+    batches, extractor, teacher update and mechanism statistics, with a third of the teacher's passes
+    at 3 local epochs."""
+    import copy
+
+    from clients.base import FedPersClient
+
+    cfg = fedeagd_cfg(local_epochs=3, fedeagd_ema_decay=0.5)
+    ctx = _trained_context(cfg, pid=1)
+    ctx_batch = make_context(1, cfg.num_clients)
+    ctx_batch.state = copy.deepcopy(ctx.state)  # the same teacher, head and residual
+    _, params = broadcast(cfg)
+    passes: list[int] = []  # samples in each forward pass of the teacher's extractor
+    load_teacher = FedEAGDClient.load_teacher
+
+    def counted_teacher(client):
+        teacher = load_teacher(client)
+        teacher.backbone.register_forward_hook(lambda module, inputs, output: passes.append(len(inputs[0])))
+        return teacher
+
+    monkeypatch.setattr(FedEAGDClient, "load_teacher", counted_teacher)
+    once_client = FedEAGDClient(cfg, ctx)
+    once = once_client.fit(params, {"server_round": 2})
+    once_passes, passes[:] = list(passes), []
+    monkeypatch.setattr(FedEAGDClient, "train", FedPersClient.train)  # the teacher inside batch_loss
+    per_batch = FedEAGDClient(cfg, ctx_batch).fit(params, {"server_round": 2})
+    n = len(once_client.data.train)
+    assert sum(once_passes) == n and len(once_passes) == -(-n // EVAL_BATCH)  # one eval-mode pass
+    assert sum(passes) == cfg.local_epochs * n  # every sample in every epoch
+    for a, b in zip(once[0], per_batch[0]):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    for name in FIT_STATISTICS:
+        assert once[2][name] == pytest.approx(per_batch[2][name], rel=1e-4, abs=1e-7), name
+    for a, b in zip(ctx.state["fedpers." + TEACHER_STATE].to_numpy_ndarrays(),
+                    ctx_batch.state["fedpers." + TEACHER_STATE].to_numpy_ndarrays()):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
 def test_no_teacher_ablation_is_plain_cross_entropy_and_keeps_no_teacher():
