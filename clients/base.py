@@ -222,11 +222,16 @@ class FedPersClient(ContractSide, NumPyClient):
 
     def train(self, generator: torch.Generator) -> float:
         """Local training for ``local_epochs`` epochs of SGD on :meth:`batch_loss`; returns the mean loss."""
-        opt = sgd(self.model.parameters(), self.cfg.lr, self.cfg.momentum, self.cfg.weight_decay)
         train = self.data.train
-        return train_epochs(self.model, train.x, train.y, epochs=self.cfg.local_epochs,
-                            batch_size=self.cfg.batch_size, optimizer=opt, batch_loss=self.batch_loss,
-                            generator=generator, drop_last=self.cfg.drop_last_batch)
+        return self.sgd_epochs(train.x, train.y, self.batch_loss, generator)
+
+    def sgd_epochs(self, x: torch.Tensor, targets: torch.Tensor, batch_loss, generator: torch.Generator) -> float:
+        """``local_epochs`` epochs of SGD (the run's lr, momentum, weight decay, batch size, last-batch rule)
+        of the whole model on ``batch_loss(x[batch], targets[batch])``; returns the mean loss."""
+        opt = sgd(self.model.parameters(), self.cfg.lr, self.cfg.momentum, self.cfg.weight_decay)
+        return train_epochs(self.model, x, targets, epochs=self.cfg.local_epochs, batch_size=self.cfg.batch_size,
+                            optimizer=opt, batch_loss=batch_loss, generator=generator,
+                            drop_last=self.cfg.drop_last_batch)
 
     def upload_arrays(self) -> list[np.ndarray]:
         """The upload's model section (default: ``upload_part`` of the model)."""

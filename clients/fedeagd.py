@@ -35,8 +35,7 @@ from fedpers.algorithms.fedeagd import (
     FIT_STATISTICS, ema_update, fedeagd_coefficients, fusion_coefficient, historical_distillation,
     mechanism_statistics)
 from fedpers.core.models import get_arrays, set_arrays
-from fedpers.core.training import (backbone_features, features_in_both_modes, frozen_copy, sgd,
-                                   train_epochs)
+from fedpers.core.training import backbone_features, features_in_both_modes, frozen_copy
 from fedpers.core.wire import BACKBONE_ONLY, server_round_of
 
 TEACHER_STATE = "ema_teacher"
@@ -116,17 +115,13 @@ class FedEAGDClient(FedPersClient):
         if self.teacher is None or len(train) == 0:
             return super().train(generator)
         teacher_features = backbone_features(self.teacher, train.x)
-        opt = sgd(self.model.parameters(), self.cfg.lr, self.cfg.momentum, self.cfg.weight_decay)
         rows = torch.arange(len(train.y), device=train.y.device)
 
         def batch_loss(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
             return self.distilled_loss(x, train.y[idx], teacher_features[idx])
 
-        # train_epochs hands each batch's labels to batch_loss: here the row numbers, which find both the
-        # labels and the teacher's features of the batch
-        return train_epochs(self.model, train.x, rows, epochs=self.cfg.local_epochs,
-                            batch_size=self.cfg.batch_size, optimizer=opt, batch_loss=batch_loss,
-                            generator=generator, drop_last=self.cfg.drop_last_batch)
+        # the batch's targets are its row numbers, which find both its labels and the teacher's features
+        return self.sgd_epochs(train.x, rows, batch_loss, generator)
 
     def batch_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """CE of the fused model plus the per-sample weighted historical distillation of the extractor, the

@@ -40,7 +40,7 @@ from fedpers.core.errors import ClientUpdateError
 from fedpers.core.federation import device_layout, get_federation
 from fedpers.core.models import get_arrays
 from fedpers.core.seeds import derived_seed
-from fedpers.core.training import minibatches, sgd, train_epochs
+from fedpers.core.training import minibatches, sgd
 from fedpers.core.wire import MODEL_SECTION, server_round_of
 
 DISTILLER_STATE = "fedfed_distiller"
@@ -143,10 +143,7 @@ class FedFedClient(FedPersClient):
         if self.distilling():
             return self.train_distill(generator)
         x, y = self.training_set()
-        opt = sgd(self.model.parameters(), self.cfg.lr, self.cfg.momentum, self.cfg.weight_decay)
-        return train_epochs(self.model, x, y, epochs=self.cfg.local_epochs, batch_size=self.cfg.batch_size,
-                            optimizer=opt, generator=generator, drop_last=self.cfg.drop_last_batch,
-                            batch_loss=lambda xb, yb: F.cross_entropy(self.model(xb), yb))
+        return self.sgd_epochs(x, y, lambda xb, yb: F.cross_entropy(self.model(xb), yb), generator)
 
     def shared_upload(self) -> list[np.ndarray]:
         """The noisy sensitive features (two noise levels) and labels, once, from round D on; else empty."""
