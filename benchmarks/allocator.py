@@ -28,17 +28,13 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from memory_format import SETTINGS  # noqa: E402  (the studies' step settings, timed there too)
+
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results"
 # the environment of each measured choice: glibc's own settings and ours (the default)
 CHOICES = {"system": {"FEDPERS_MALLOC": "system"}, "retain": {}}
-# (name, model kind, image shape, classes, feature_dim, train batch, lr): the studies' settings
-STEP_SETTINGS = [
-    ("FedAvgCNN, CIFAR-10", "cnn", (3, 32, 32), 10, 512, 10, 0.005),
-    ("SE-CNN, CIFAR-100 (FedEAGD)", "se_cnn", (3, 32, 32), 100, 512, 64, 0.015),
-    ("GroupNorm CNN, PACS 64x64 (JDFL)", "gn_cnn", (3, 64, 64), 7, 128, 32, 0.01),
-    ("GroupNorm CNN, PACS 112x112 (JDFL)", "gn_cnn", (3, 112, 112), 7, 128, 32, 0.01),
-]
 # whole runs: JDFL's setting A over FedAvg (jdfl off: no discovery), a few rounds
 RUN_SETTINGS = [
     ("PACS 64x64, setting A, FedAvg", "../shared/data/pacs.npz"),
@@ -92,7 +88,7 @@ def child_env(choice: str, threads: int) -> dict:
 def measure_steps(threads: int, repeats: int, steps: int) -> list[dict]:
     """Each setting's training step under both choices, ``repeats`` fresh processes each, alternating."""
     rows = []
-    for name, kind, shape, classes, feature_dim, batch, lr in STEP_SETTINGS:
+    for name, kind, shape, classes, feature_dim, batch, lr in SETTINGS:
         arg = json.dumps([kind, shape, classes, feature_dim, batch, lr, threads, steps])
         got: dict[str, list[dict]] = {c: [] for c in CHOICES}
         for _ in range(repeats):
