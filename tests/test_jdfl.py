@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from fedpers.algorithms.jdfl import (adjusted_rand_index, centroid_similarity_weights, class_of_joint,
                                      class_only_accuracy, class_only_predictions, default_alpha,
                                      discover_domains, elbow_choice, graded_domain_row, graded_targets,
-                                     hard_domain_row, joint_index, random_targets, soft_target_loss,
+                                     hard_domain_row, joint_head_use, joint_index,
+                                     pseudo_domain_of_each_domain, random_targets, soft_target_loss,
                                      targets_from_domain_row)
 from fedpers.registry.config import build_config
 from fedpers.core.data import load_digits_domains, load_npz
@@ -109,6 +110,27 @@ def test_soft_target_loss_is_kl():
     other = torch.zeros(1, 4)
     expected = (0.5 * np.log(0.5 / 0.25)) * 2
     assert soft_target_loss(other, t).item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_joint_head_use_on_two_samples_worked_by_hand():
+    """M = 2, C = 2 (unit j = d*C + c). Sample 0: unit (0, 0) wins alone; sample 1: unit (0, 1) wins at 2.0,
+    but class 0's two units at 1.9 outweigh it in the marginal, so the two decodings disagree there."""
+    logits = torch.tensor([[2.0, 0.0, 0.0, 1.0], [1.9, 2.0, 1.9, 0.0]])
+    y = torch.tensor([0, 0])
+    head = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [1.0, 1.0]])  # rows (0,0), (0,1), (1,0), (1,1)
+    use = joint_head_use(logits, y, head, 2, np.array([0, 1]), {0: 0, 1: 1})
+    assert use["M"] == 2
+    assert use["class_only_acc"] == 0.5 and use["marginal_acc"] == 1.0 and use["decodings_differ"] == 0.5
+    # each predicted class's units hold e^2 and e^0 of the mass: share e^2 / (e^2 + 1)
+    assert use["top_share"] == pytest.approx(np.exp(2) / (np.exp(2) + 1), rel=1e-6)
+    assert use["unit_cosine"] == pytest.approx((1 + 1 / np.sqrt(2)) / 2, rel=1e-6)
+    # both winners lie in block 0: sample 0's own, not sample 1's; by its own block (1: [1.9, 0]) it is right
+    assert use["own_block"] == 0.5 and use["own_block_acc"] == 1.0
+
+
+def test_pseudo_domain_of_each_domain_is_the_majority_cluster():
+    assert pseudo_domain_of_each_domain([2, 2, 0, 1, 1], [0, 0, 1, 1, 1]) == {0: 2, 1: 1}
+    assert pseudo_domain_of_each_domain([1, 0], [0, 0]) == {0: 0}  # a tie: the smaller id
 
 
 def test_default_alpha_follows_the_paper():

@@ -85,6 +85,52 @@ def default_alpha(num_domains: int) -> float:
     return 0.55 if num_domains <= 5 else 0.45
 
 
+def pseudo_domain_of_each_domain(assignments: list[int], true_domains: list[int]) -> dict[int, int]:
+    """Each true domain's pseudo-domain: the cluster most of its clients were put in by the discovery (the
+    smaller id on a tie). A diagnostic of ours, not the paper's; with ARI 1.0 the domain's only cluster."""
+    out = {}
+    for t in sorted(set(true_domains)):
+        zs = [z for z, d in zip(assignments, true_domains) if d == t]
+        out[int(t)] = int(np.bincount(zs).argmax())
+    return out
+
+
+@torch.no_grad()
+def joint_head_use(logits: torch.Tensor, y: torch.Tensor, head_weight: torch.Tensor, num_classes: int,
+                   test_domains: np.ndarray, own: dict[int, int]) -> dict[str, float]:
+    """Does the expanded head act (ours, none of these is the paper's)? For joint logits (N x MC, unit
+    j(d, c), Eq. 1), labels, the head's weight (MC x F), each test sample's true domain and each domain's
+    pseudo-domain (:func:`pseudo_domain_of_each_domain`):
+
+    ``class_only_acc`` (Sec. 3, the max over the M units per class); ``marginal_acc`` (argmax_c of the class
+    marginal sum_d softmax_j(d, c)) and ``decodings_differ`` (share of samples where the two disagree: the
+    max-of-affine decision of Sec. 4.3 and Appendix A differs from the marginal only where the units of a
+    class disagree); ``top_share`` (mean over samples of max_d p(d, c) / sum_d p(d, c) for the predicted
+    class: 1/M when the units score alike, 1 when one unit carries the class); ``unit_cosine`` (mean cosine
+    between head rows of one class in two pseudo-domains: 1 for copies); ``own_block`` (share of samples
+    whose winning unit is in their domain's pseudo-domain; 1/M by chance) and ``own_block_acc`` (accuracy
+    decoding each sample by its own pseudo-domain's C logits alone)."""
+    n, mc = logits.shape
+    m = mc // num_classes
+    p = torch.softmax(logits, dim=1).view(n, m, num_classes)
+    pred = class_only_predictions(logits, num_classes)
+    marginal = p.sum(dim=1).argmax(dim=1)
+    in_class = p[torch.arange(n), :, pred]  # N x M: the predicted class's units
+    winning_block = logits.argmax(dim=1) // num_classes
+    own_block = torch.as_tensor([own[int(t)] for t in test_domains])
+    block_logits = logits.view(n, m, num_classes)[torch.arange(n), own_block]
+    w = F.normalize(head_weight.reshape(m, num_classes, -1), dim=2)
+    pairs = [(a, b) for a in range(m) for b in range(a + 1, m)]
+    cosine = torch.stack([(w[a] * w[b]).sum(dim=1) for a, b in pairs]).mean().item() if pairs else 1.0
+    return {"M": m, "class_only_acc": (pred == y).float().mean().item(),
+            "marginal_acc": (marginal == y).float().mean().item(),
+            "decodings_differ": (pred != marginal).float().mean().item(),
+            "top_share": (in_class.max(dim=1).values / in_class.sum(dim=1)).mean().item(),
+            "unit_cosine": cosine,
+            "own_block": (winning_block == own_block).float().mean().item(),
+            "own_block_acc": (block_logits.argmax(dim=1) == y).float().mean().item()}
+
+
 # --- targets ---------------------------------------------------------------------------------------------
 
 
