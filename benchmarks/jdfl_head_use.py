@@ -39,12 +39,12 @@ OUT = HERE / "results" / "jdfl_head_use"
 
 
 def measure(run_dir: Path) -> dict:
-    """Load the run's config, federation and last-round checkpoint into its own strategy class and measure."""
+    """Load a JDFL run's config, federation and last-round checkpoint into its own strategy class and measure."""
     summary = json.loads((run_dir / "summary.json").read_text())
     cfg = build_config(summary["config"])
-    if cfg.jdfl == "off":
-        raise SystemExit(f"{run_dir}: jdfl is off in this run; give JDFL runs only")
     federation = federation_for(cfg)
+    if federation.test_domains() is None:
+        raise SystemExit(f"{run_dir}: dataset {cfg.dataset} has no domain ids, which own block needs")
     state = load_checkpoint(run_dir / "checkpoint", cfg)
     if int(state["round"]) != cfg.rounds:
         raise SystemExit(f"{run_dir}: the checkpoint holds round {state['round']}, not the last ({cfg.rounds})")
@@ -56,7 +56,7 @@ def measure(run_dir: Path) -> dict:
     info = summary["jdfl"]
     own = pseudo_domain_of_each_domain(info["assignments"], info["true_domains"])
     record = joint_head_use(logits, test.y, model.head.weight.detach(), federation.num_classes,
-                      federation.test_domains(), own)
+                            federation.test_domains(), own)
     record.update(run=str(run_dir), method=cfg.method, jdfl=cfg.jdfl, seed=cfg.seed, rounds=cfg.rounds,
                   ari=info["ari"], summary_final_acc=summary["final"]["global_acc"])
     return record
