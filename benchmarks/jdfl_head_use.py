@@ -38,12 +38,13 @@ from fedpers.registry.methods import federation_for, strategy_class_for  # noqa:
 OUT = HERE / "results" / "jdfl_head_use"
 
 
-def measure(run_dir: Path) -> dict:
-    """Load a JDFL run's config, federation and last-round checkpoint into its own strategy class and measure."""
-    summary = json.loads((run_dir / "summary.json").read_text())
+def measure(run_dir: Path, summary: dict) -> dict:
+    """Load a JDFL run's config (from its ``summary``), federation and last-round checkpoint into its own
+    strategy class and measure."""
     cfg = build_config(summary["config"])
     federation = federation_for(cfg)
-    if federation.test_domains() is None:
+    test_domains = federation.test_domains()
+    if test_domains is None:
         raise SystemExit(f"{run_dir}: dataset {cfg.dataset} has no domain ids, which own block needs")
     state = load_checkpoint(run_dir / "checkpoint", cfg)
     if int(state["round"]) != cfg.rounds:
@@ -56,7 +57,7 @@ def measure(run_dir: Path) -> dict:
     info = summary["jdfl"]
     own = pseudo_domain_of_each_domain(info["assignments"], info["true_domains"])
     record = joint_head_use(logits, test.y, model.head.weight.detach(), federation.num_classes,
-                            federation.test_domains(), own)
+                            test_domains, own)
     record.update(run=str(run_dir), method=cfg.method, jdfl=cfg.jdfl, seed=cfg.seed, rounds=cfg.rounds,
                   ari=info["ari"], summary_final_acc=summary["final"]["global_acc"])
     return record
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = json.loads((run_dir / "summary.json").read_text())
         if summary["config"].get("jdfl", "off") == "off":
             continue
-        record = measure(run_dir)
+        record = measure(run_dir, summary)
         record["study"] = args.study
         records[key] = record
         print(f"{key}: class-only {record['class_only_acc']:.4f} (summary {record['summary_final_acc']:.4f}), "

@@ -114,7 +114,7 @@ def joint_head_use(logits: torch.Tensor, y: torch.Tensor, head_weight: torch.Ten
     m = mc // num_classes
     p = torch.softmax(logits, dim=1).view(n, m, num_classes)
     pred = class_only_predictions(logits, num_classes)
-    marginal = p.sum(dim=1).argmax(dim=1)
+    marginal = marginal_class_log_probs(logits, num_classes).argmax(dim=1)
     in_class = p[torch.arange(n), :, pred]  # N x M: the predicted class's units
     winning_block = logits.argmax(dim=1) // num_classes
     own_block = torch.as_tensor([own[int(t)] for t in test_domains])
