@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedpers.apps.claims import RowRun, compare, interval, parse_claims, size_answer
+from fedpers.apps.claims import (RowRun, compare, interval, parse_claims, pool_claims, pooled_comparison,
+                                 pooled_markdown, size_answer)
 from fedpers.core.errors import ConfigError
 from fedpers.apps.report import write_study_claims
 from fedpers.apps.sweep import MethodEntry, PlannedRun, Sweep, load_sweep
@@ -376,3 +377,46 @@ def test_paper_numbers_for_a_row_or_column_the_study_lacks_are_refused(tmp_path)
     path.write_text(body + "paper:\n  fedavg: {digits_a0.1: 90}\n")
     with pytest.raises(ConfigError, match="'paper' gives fedavg numbers for digits_a0.1, not a column of the study"):
         load_sweep(path)
+
+
+def test_a_difference_pooled_over_studies_makes_every_study_seed_a_unit():
+    """Three units over two studies: the mean and Student's t interval of the three, each study's own mean
+    beside it; above 0, below 0 or across it; fewer than three units give no interval."""
+    got = pooled_comparison({"A": {"0": 3.0, "1": 4.0}, "B": {"0": 5.0}})
+    mean, low, high = interval([3.0, 4.0, 5.0])
+    assert got["n"] == 3 and got["diff"] == pytest.approx(4.0) and got["sd"] == pytest.approx(1.0)
+    assert (got["low"], got["high"]) == pytest.approx((low, high)) and low == pytest.approx(4 - 4.302653 / 3 ** 0.5)
+    assert got["verdict"] == "holds" and got["units"] == {"A/0": 3.0, "A/1": 4.0, "B/0": 5.0}
+    assert got["per_study"] == {"A": {"n": 2, "mean": 3.5}, "B": {"n": 1, "mean": 5.0}}
+    assert pooled_comparison({"A": {"0": -3.0, "1": -4.0}, "B": {"0": -5.0}})["verdict"] == "fails"
+    assert pooled_comparison({"A": {"0": 1.0, "1": 2.0}, "B": {"0": -4.0}})["verdict"] == "undecided"
+    two = pooled_comparison({"A": {"0": 3.0}, "B": {"0": 5.0}})
+    assert two["diff"] == pytest.approx(4.0) and "low" not in two and two["verdict"] == "undecided"
+
+
+def test_claims_the_studies_share_are_pooled_from_their_claims_json(tmp_path):
+    """Two studies judged by the real report: study 1 has A 1, 1, 3 points above B at seeds 0-2 (undecided
+    on its own), study 2 has A 2 and 2 points above at seeds 0-1; pooled, the five units hold. A reading
+    the runs do not record is not run. A claim only study 1 makes is left out and named."""
+    base = [0.90, 0.92, 0.95, 0.91]
+    studies = {}
+    for name, shifts, extra in (("one", [0.01, 0.01, 0.03], [{"id": "only-here", "order": ["B", "A"]}]),
+                                ("two", [0.02, 0.02], [])):
+        where = tmp_path / name
+        runs = [make_run(where, "A", s, [b + d for b in base]) for s, d in enumerate(shifts)]
+        runs += [make_run(where, "B", s, base) for s in range(len(shifts))]
+        verdicts(where, ["A", "B"], runs, [{"id": "x", "order": ["A", "B"]}, *extra])
+        studies[name] = json.loads((where / "claims.json").read_text())
+    pooled, left_out = pool_claims(studies)
+    assert left_out == {"only-here": ["one"]} and [p["id"] for p in pooled] == ["x"]
+    final, last5 = pooled[0]["readings"]
+    assert last5 == {"value": "last5", "comparisons": [], "verdict": "not run", "n": 0}  # the runs record final only
+    c = final["comparisons"][0]
+    assert sorted(c["units"].values()) == pytest.approx([1.0, 1.0, 2.0, 2.0, 3.0])
+    assert (c["low"], c["high"]) == pytest.approx(interval([1.0, 1.0, 3.0, 2.0, 2.0])[1:])
+    assert c["low"] > 0 and final["verdict"] == "holds" and final["n"] == 5
+    assert c["per_study"]["one"]["mean"] == pytest.approx(5 / 3) and c["per_study"]["two"]["n"] == 2
+    text = pooled_markdown(pooled, left_out, "pooled")
+    low, high = interval([1.0, 1.0, 3.0, 2.0, 2.0])[1:]
+    assert f"| final | A − B | +1.67 (3) | +2.00 (2) | +1.80 | {low:+.2f} to {high:+.2f} | 5 | **holds** |" in text
+    assert "Not pooled (not judged alike by every study): only-here (one)." in text

@@ -557,3 +557,99 @@ def write_claims(results: list[dict[str, Any]], out: Path, study: str) -> list[P
     (out / "claims.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "claims.md").write_text(claims_markdown(results, study))
     return [out / "claims.md", out / "claims.json"]
+
+
+# --- one claim over several studies ----------------------------------------------------------------------
+def pooled_comparison(per_study: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """One difference ``a - b`` pooled over studies that ran the same rows in different settings (``per_study``:
+    study -> seed -> that seed's difference in points, as :func:`compare` records it): every (study, seed)
+    a unit, their mean and, from :data:`SEEDS_AS_UNIT` units on, the 95 % Student's t interval over them
+    (:func:`interval`) and its side of zero (:func:`side_of_zero`). The units' spread holds the settings'
+    spread as well as the seeds', so this is the interval of the mean effect over these settings, wider
+    than one setting's own when the settings differ; each study's own mean and n are kept beside it."""
+    units = {f"{study}/{seed}": float(d) for study, diffs in per_study.items() for seed, d in diffs.items()}
+    out: dict[str, Any] = {"n": len(units), "units": units,
+                           "per_study": {study: {"n": len(diffs), "mean": float(np.mean(list(diffs.values())))}
+                                         for study, diffs in per_study.items() if diffs}}
+    if units:
+        out["diff"] = float(np.mean(list(units.values())))
+        out["sd"] = _sample_sd(list(units.values()))
+    found = interval(list(units.values())) if len(units) >= SEEDS_AS_UNIT else None
+    if found is not None:
+        out["mean"], out["low"], out["high"] = found
+    out["verdict"] = side_of_zero(out)
+    return out
+
+
+def pool_claims(studies: dict[str, list[dict[str, Any]]]) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
+    """Each claim that every study judged alike (same id, form and rows; ``studies``: study -> its
+    ``claims.json``), pooled over the studies at each reading (:func:`pooled_comparison` per comparison, one
+    verdict per reading as in :func:`judge`). Returns the pooled claims and, for each claim left out, the
+    studies that hold it (a claim of some settings only, such as another optimizer's)."""
+    readings = {study: {r["id"]: {o["value"]: o for o in [r, *r.get("other_readings", [])]} for r in results}
+                for study, results in studies.items()}
+    ids = list(dict.fromkeys(r["id"] for results in studies.values() for r in results))
+    pooled, left_out = [], {}
+    for cid in ids:
+        holders = [s for s in studies if cid in readings[s]]
+        headlines = [next(iter(readings[s][cid].values())) for s in holders]
+        shapes = {(h["form"], tuple(h["rows"])) for h in headlines}
+        # a within claim has a paper number per cell, not a difference to pool
+        if len(holders) < len(studies) or len(shapes) != 1 or headlines[0]["form"] == "within":
+            left_out[cid] = holders
+            continue
+        first = readings[holders[0]][cid]
+        entry: dict[str, Any] = {"id": cid, "form": headlines[0]["form"], "rows": list(headlines[0]["rows"]),
+                                 "studies": holders, "quote": headlines[0]["quote"], "readings": []}
+        form = entry["form"]
+        for value in first:
+            if not all(value in readings[s][cid] for s in holders):
+                continue
+            comparisons = []
+            if not all(readings[s][cid][value].get("comparisons") for s in holders):  # not run in some study
+                entry["readings"].append({"value": value, "comparisons": [], "verdict": "not run", "n": 0})
+                continue
+            for i, c in enumerate(first[value]["comparisons"]):
+                per_study = {s: readings[s][cid][value]["comparisons"][i].get("per_seed", {}) for s in holders}
+                comparisons.append({"a": c["a"], "b": c["b"], **pooled_comparison(per_study)})
+            verdicts = [c["verdict"] for c in comparisons]
+            if form == "delta" and any((readings[s][cid][value].get("paper_delta") or 0.0) < 0 for s in holders):
+                verdicts = [{"holds": "fails", "fails": "holds"}.get(v, v) for v in verdicts]
+            entry["readings"].append({"value": value, "comparisons": comparisons,
+                                      "verdict": _joint_verdict(verdicts), "n": min(c["n"] for c in comparisons)})
+        pooled.append(entry)
+    return pooled, left_out
+
+
+def pooled_markdown(pooled: list[dict[str, Any]], left_out: dict[str, list[str]], title: str) -> str:
+    """The pooled claims as Markdown: per claim and reading, each study's mean difference (n), the pooled
+    difference over every (study, seed), its 95 % interval and the verdict."""
+    studies = list(dict.fromkeys(s for p in pooled for s in p["studies"]))
+    lines = [f"# {title}", "",
+             "Generated by `benchmarks/claims_pooled.py` from the studies' own `claims.json` "
+             f"({', '.join(studies)}). Each claim the studies share, pooled: every (study, seed) difference "
+             "a − b in points is a unit; the pooled difference is their mean, with one 95 % Student's t interval "
+             "over them (from three units on). Its spread holds the settings' spread as well as the seeds', so "
+             "it is the interval of the mean effect over these settings, not of any one of them. "
+             "Verdicts as in each study's claims.md: holds (the interval on the claimed side), fails (on the "
+             "other), undecided (spans 0). No paper numbers: the size is not judged here.", ""]
+    for p in pooled:
+        lines += [f"## {p['id']}", ""]
+        if p["quote"]:
+            lines += [f"> {p['quote']}", ""]
+        lines += [f"Form: {p['form']}: {' > '.join(p['rows']) if p['form'] == 'order' else ' − '.join(p['rows'])}.",
+                  "", "| reading | difference | " + " | ".join(p["studies"]) + " | pooled | 95 % | n | verdict |",
+                  "|---|---|" + "---|" * len(p["studies"]) + "---|---|---|---|"]
+        for r in p["readings"]:
+            for c in r["comparisons"]:
+                cells = [f"{c['per_study'][s]['mean']:+.2f} ({c['per_study'][s]['n']})" if s in c["per_study"]
+                         else "–" for s in p["studies"]]
+                span = f"{c['low']:+.2f} to {c['high']:+.2f}" if "low" in c else "no interval"
+                diff = f"{c['diff']:+.2f}" if "diff" in c else "–"
+                lines.append(f"| {r['value']} | {c['a']} − {c['b']} | " + " | ".join(cells)
+                             + f" | {diff} | {span} | {c['n']} | **{c['verdict']}** |")
+        lines.append("")
+    if left_out:
+        lines += ["Not pooled (not judged alike by every study): "
+                  + "; ".join(f"{cid} ({', '.join(h) or 'none'})" for cid, h in left_out.items()) + ".", ""]
+    return "\n".join(lines)
