@@ -35,10 +35,18 @@ def main(argv: list[str] | None = None) -> int:
     studies = {}
     for d in args.studies:
         path = d / "claims.json"
+        if d.name in studies:
+            p.error(f"{d}: a second study named {d.name}")
         if not path.exists():
             p.error(f"{d}: no claims.json (run `fedpers report` on the study first)")
-        studies[d.name] = json.loads(path.read_text())
-    pooled, left_out = pool_claims(studies)
+        try:
+            studies[d.name] = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            p.error(f"{path}: not JSON ({e})")
+    try:
+        pooled, left_out = pool_claims(studies)
+    except (KeyError, TypeError, AttributeError, IndexError):
+        p.error("a claims.json not in the form `fedpers report` writes; run the report on each study again")
     if not pooled:
         p.error("the studies share no claim to pool")
     title = args.title or f"Claims pooled over {', '.join(studies)}"
