@@ -565,8 +565,9 @@ def pooled_comparison(per_study: dict[str, dict[str, float]]) -> dict[str, Any]:
     study -> seed -> that seed's difference in points, as :func:`compare` records it): every (study, seed)
     a unit, their mean and, from :data:`SEEDS_AS_UNIT` units on, the 95 % Student's t interval over them
     (:func:`interval`) and its side of zero (:func:`side_of_zero`). The units' spread holds the settings'
-    spread as well as the seeds', so this is the interval of the mean effect over these settings, wider
-    than one setting's own when the settings differ; each study's own mean and n are kept beside it."""
+    spread as well as the seeds', so this is the interval of the mean effect over these settings (each
+    weighted by its seeds), wider than one setting's own when the settings differ; each study's own mean
+    and n are kept beside it."""
     units = {f"{study}/{seed}": float(d) for study, diffs in per_study.items() for seed, d in diffs.items()}
     out: dict[str, Any] = {"n": len(units), "units": units,
                            "per_study": {study: {"n": len(diffs), "mean": float(np.mean(list(diffs.values())))}
@@ -630,9 +631,9 @@ def pooled_markdown(pooled: list[dict[str, Any]], left_out: dict[str, list[str]]
              f"({', '.join(studies)}). Each claim the studies share, pooled: every (study, seed) difference "
              "a − b in points is a unit; the pooled difference is their mean, with one 95 % Student's t interval "
              "over them (from three units on). Its spread holds the settings' spread as well as the seeds', so "
-             "it is the interval of the mean effect over these settings, not of any one of them. "
-             "Verdicts as in each study's claims.md: holds (the interval on the claimed side), fails (on the "
-             "other), undecided (spans 0). No paper numbers: the size is not judged here.", ""]
+             "it is the interval of the mean effect over these settings (each weighted by its seeds), not of any "
+             "one of them. Verdicts as in each study's claims.md: holds (the interval on the claimed side), "
+             "fails (on the other), undecided (spans 0). No paper numbers: the size is not judged here.", ""]
     for p in pooled:
         lines += [f"## {p['id']}", ""]
         if p["quote"]:
