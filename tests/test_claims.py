@@ -419,4 +419,5 @@ def test_claims_the_studies_share_are_pooled_from_their_claims_json(tmp_path):
     text = pooled_markdown(pooled, left_out, "pooled")
     low, high = interval([1.0, 1.0, 3.0, 2.0, 2.0])[1:]
     assert f"| final | A − B | +1.67 (3) | +2.00 (2) | +1.80 | {low:+.2f} to {high:+.2f} | 5 | **holds** |" in text
-    assert "Not pooled (not judged alike by every study): only-here (one)." in text
+    assert "| last5 | not run in every study | – | – | – | – | 0 | **not run** |" in text
+    assert "Not pooled (a claim not every study judged alike, or a within claim): only-here (one)." in text

@@ -642,6 +642,9 @@ def pooled_markdown(pooled: list[dict[str, Any]], left_out: dict[str, list[str]]
                   "", "| reading | difference | " + " | ".join(p["studies"]) + " | pooled | 95 % | n | verdict |",
                   "|---|---|" + "---|" * len(p["studies"]) + "---|---|---|---|"]
         for r in p["readings"]:
+            if not r["comparisons"]:
+                lines.append(f"| {r['value']} | not run in every study | " + " | ".join("–" for _ in p["studies"])
+                             + " | – | – | 0 | **not run** |")
             for c in r["comparisons"]:
                 cells = [f"{c['per_study'][s]['mean']:+.2f} ({c['per_study'][s]['n']})" if s in c["per_study"]
                          else "–" for s in p["studies"]]
@@ -651,6 +654,6 @@ def pooled_markdown(pooled: list[dict[str, Any]], left_out: dict[str, list[str]]
                              + f" | {diff} | {span} | {c['n']} | **{c['verdict']}** |")
         lines.append("")
     if left_out:
-        lines += ["Not pooled (not judged alike by every study): "
+        lines += ["Not pooled (a claim not every study judged alike, or a within claim): "
                   + "; ".join(f"{cid} ({', '.join(h) or 'none'})" for cid, h in left_out.items()) + ".", ""]
     return "\n".join(lines)
