@@ -396,8 +396,9 @@ def test_a_difference_pooled_over_studies_makes_every_study_seed_a_unit():
 
 def test_claims_the_studies_share_are_pooled_from_their_claims_json(tmp_path):
     """Two studies judged by the real report: study 1 has A 1, 1, 3 points above B at seeds 0-2 (undecided
-    on its own), study 2 has A 2 and 2 points above at seeds 0-1; pooled, the five units hold. A reading
-    the runs do not record is not run. A claim only study 1 makes is left out and named."""
+    on its own), study 2 has A 2 and 2 points above at seeds 0-1; pooled, the five units hold (and B below A
+    by the paper's delta holds too). A reading the runs do not record is not run. A claim only study 1
+    makes is left out and named."""
     base = [0.90, 0.92, 0.95, 0.91]
     studies = {}
     for name, shifts, extra in (("one", [0.01, 0.01, 0.03], [{"id": "only-here", "order": ["B", "A"]}]),
@@ -405,10 +406,14 @@ def test_claims_the_studies_share_are_pooled_from_their_claims_json(tmp_path):
         where = tmp_path / name
         runs = [make_run(where, "A", s, [b + d for b in base]) for s, d in enumerate(shifts)]
         runs += [make_run(where, "B", s, base) for s in range(len(shifts))]
-        verdicts(where, ["A", "B"], runs, [{"id": "x", "order": ["A", "B"]}, *extra])
+        verdicts(where, ["A", "B"], runs, [{"id": "x", "order": ["A", "B"]},
+                                           {"id": "y", "delta": {"a": "B", "b": "A", "paper": -2.0}}, *extra])
         studies[name] = json.loads((where / "claims.json").read_text())
     pooled, left_out = pool_claims(studies)
-    assert left_out == {"only-here": ["one"]} and [p["id"] for p in pooled] == ["x"]
+    assert left_out == {"only-here": ["one"]} and [p["id"] for p in pooled] == ["x", "y"]
+    # a delta the paper has negative (B below A) is judged on its side: B − A's units lie below 0, so it holds
+    assert pooled[1]["readings"][0]["comparisons"][0]["verdict"] == "fails"
+    assert pooled[1]["readings"][0]["verdict"] == "holds"
     final, last5 = pooled[0]["readings"]
     assert last5 == {"value": "last5", "comparisons": [], "verdict": "not run", "n": 0}  # the runs record final only
     c = final["comparisons"][0]

@@ -365,7 +365,7 @@ def judge(claim: Claim, rows: dict[str, dict[int, RowRun]], paper: dict[str, dic
         if unpaired:  # each row finished, but not at a common seed: nothing to compare yet
             out.update(n=0, verdict="not run", why=f"no seed that both {'; '.join(unpaired)} finished")
             return out
-        verdicts = _on_the_claimed_side([side_of_zero(c) for c in out["comparisons"]], claim)
+        verdicts = _on_the_claimed_side([side_of_zero(c) for c in out["comparisons"]], claim.form, claim.paper)
         sizes = []
         for c, v in zip(out["comparisons"], verdicts):
             c["verdict"] = v
@@ -423,9 +423,9 @@ def readings_of(claim: Claim) -> list[str]:
     return [claim.value] + [v for v in ("final", "last5") if v != claim.value]
 
 
-def _on_the_claimed_side(verdicts: list[str], claim: Claim) -> list[str]:
+def _on_the_claimed_side(verdicts: list[str], form: str, paper_delta: float | None) -> list[str]:
     """Side-of-zero verdicts turned round where a ``delta`` claim's paper has a below b."""
-    if claim.form == "delta" and claim.paper is not None and claim.paper < 0:
+    if form == "delta" and paper_delta is not None and paper_delta < 0:
         return [{"holds": "fails", "fails": "holds"}.get(v, v) for v in verdicts]
     return verdicts
 
@@ -583,7 +583,7 @@ def pooled_comparison(per_study: dict[str, dict[str, float]]) -> dict[str, Any]:
 
 
 def pool_claims(studies: dict[str, list[dict[str, Any]]]) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
-    """Each claim that every study judged alike (same id, form and rows; ``studies``: study -> its
+    """Each claim that every study judged alike (same id, form, rows and paper difference; ``studies``: study -> its
     ``claims.json``), pooled over the studies at each reading (:func:`pooled_comparison` per comparison, one
     verdict per reading as in :func:`judge`). Returns the pooled claims and, for each claim left out, the
     studies that hold it (a claim of some settings only, such as another optimizer's)."""
@@ -594,7 +594,7 @@ def pool_claims(studies: dict[str, list[dict[str, Any]]]) -> tuple[list[dict[str
     for cid in ids:
         holders = [s for s in studies if cid in readings[s]]
         headlines = [next(iter(readings[s][cid].values())) for s in holders]
-        shapes = {(h["form"], tuple(h["rows"])) for h in headlines}
+        shapes = {(h["form"], tuple(h["rows"]), h.get("paper_delta")) for h in headlines}
         # a within claim has a paper number per cell, not a difference to pool
         if len(holders) < len(studies) or len(shapes) != 1 or headlines[0]["form"] == "within":
             left_out[cid] = holders
@@ -606,16 +606,15 @@ def pool_claims(studies: dict[str, list[dict[str, Any]]]) -> tuple[list[dict[str
         for value in first:
             if not all(value in readings[s][cid] for s in holders):
                 continue
-            comparisons = []
             if not all(readings[s][cid][value].get("comparisons") for s in holders):  # not run in some study
                 entry["readings"].append({"value": value, "comparisons": [], "verdict": "not run", "n": 0})
                 continue
+            comparisons = []
             for i, c in enumerate(first[value]["comparisons"]):
                 per_study = {s: readings[s][cid][value]["comparisons"][i].get("per_seed", {}) for s in holders}
                 comparisons.append({"a": c["a"], "b": c["b"], **pooled_comparison(per_study)})
-            verdicts = [c["verdict"] for c in comparisons]
-            if form == "delta" and any((readings[s][cid][value].get("paper_delta") or 0.0) < 0 for s in holders):
-                verdicts = [{"holds": "fails", "fails": "holds"}.get(v, v) for v in verdicts]
+            verdicts = _on_the_claimed_side([c["verdict"] for c in comparisons], form,
+                                            first[value].get("paper_delta"))
             entry["readings"].append({"value": value, "comparisons": comparisons,
                                       "verdict": _joint_verdict(verdicts), "n": min(c["n"] for c in comparisons)})
         pooled.append(entry)
